@@ -1,0 +1,233 @@
+//! The batcher: turns a channel's durable log into notifications.
+//!
+//! One task per channel watches the store's durable head. Changes past the last published seq
+//! are pending; the batcher cuts them into a [`Notification`] as soon as `max_batch` are pending,
+//! or `linger` after the first of them arrived, whichever comes first — and on shutdown, before
+//! the store closes. Cutting reads the changes back from the log (log before notify: nothing is
+//! ever announced that cannot be replayed), renders the Change List once, and publishes it on
+//! the channel's [`ChannelFeed`]: the `published` seq that delivery workers follow, a short cache
+//! of recent notifications whose bytes they share, and a broadcast for live listeners.
+
+use bytes::Bytes;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{broadcast, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::change::Change;
+use crate::config::Config;
+use crate::resourcesync::{self, ChangeListHeader, DocLink};
+use crate::store::Store;
+
+/// How many recent notifications a feed keeps for delivery workers to share.
+const RECENT: usize = 64;
+
+/// A batch of consecutive changes of one channel, rendered once.
+#[derive(Debug)]
+pub struct Notification {
+    pub channel: String,
+    pub first: u64,
+    pub last: u64,
+    pub changes: Vec<Change>,
+    /// The Change List document, as delivered to every subscriber.
+    pub body: Bytes,
+}
+
+/// Renders changes `first..=last` of a channel as a notification document. Deterministic: the
+/// same changes always give the same bytes, so a retried delivery carries the same body.
+pub fn render_notification(config: &Config, channel: &str, changes: Vec<Change>) -> Notification {
+    let (first, last) = match (changes.first(), changes.last()) {
+        (Some(f), Some(l)) => (f.seq, l.seq),
+        _ => (0, 0),
+    };
+    let header = ChangeListHeader {
+        from: changes.first().map(|c| c.datetime),
+        until: changes.last().map(|c| c.datetime),
+        links: vec![DocLink {
+            rel: "up".into(),
+            href: capability_list_url(config, channel),
+        }],
+        seq_range: Some((first, last)),
+    };
+    let body = Bytes::from(resourcesync::write_change_list(&header, &changes));
+    Notification {
+        channel: channel.to_string(),
+        first,
+        last,
+        changes,
+        body,
+    }
+}
+
+pub fn capability_list_url(config: &Config, channel: &str) -> String {
+    format!(
+        "{}/channels/{channel}/capabilitylist.xml",
+        config.public_url
+    )
+}
+
+/// What a channel has published so far.
+pub struct ChannelFeed {
+    pub name: String,
+    published: watch::Sender<u64>,
+    recent: Mutex<VecDeque<Arc<Notification>>>,
+    live: broadcast::Sender<Arc<Notification>>,
+}
+
+impl ChannelFeed {
+    pub fn new(name: &str) -> ChannelFeed {
+        ChannelFeed {
+            name: name.to_string(),
+            published: watch::channel(0).0,
+            recent: Mutex::new(VecDeque::with_capacity(RECENT)),
+            live: broadcast::channel(1024).0,
+        }
+    }
+
+    /// The last published seq, and its changes over time.
+    pub fn published(&self) -> watch::Receiver<u64> {
+        self.published.subscribe()
+    }
+
+    pub fn published_seq(&self) -> u64 {
+        *self.published.borrow()
+    }
+
+    /// Live notifications as they are cut (a receiver that lags misses some and must catch up
+    /// from the log).
+    pub fn live(&self) -> broadcast::Receiver<Arc<Notification>> {
+        self.live.subscribe()
+    }
+
+    /// A recently published notification that starts at `first`, if still cached.
+    pub fn cached(&self, first: u64) -> Option<Arc<Notification>> {
+        let recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        recent.iter().find(|n| n.first == first).cloned()
+    }
+
+    fn publish(&self, n: Notification) {
+        let n = Arc::new(n);
+        {
+            let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+            if recent.len() == RECENT {
+                recent.pop_front();
+            }
+            recent.push_back(n.clone());
+        }
+        let last = n.last;
+        let _ = self.live.send(n);
+        self.published.send_replace(last);
+    }
+
+    /// Marks everything up to `seq` as published without a notification (start-up: what was
+    /// durable before is served from the log).
+    fn start_at(&self, seq: u64) {
+        self.published.send_replace(seq);
+    }
+}
+
+/// The batcher of one channel.
+pub struct Batcher {
+    feed: Arc<ChannelFeed>,
+    store: Arc<dyn Store>,
+    config: Arc<Config>,
+    head_rx: watch::Receiver<u64>,
+    published: u64,
+}
+
+impl Batcher {
+    /// Everything already durable counts as published (it is served from the log), so the
+    /// feed's starting point is set before this returns.
+    pub fn new(feed: Arc<ChannelFeed>, store: Arc<dyn Store>, config: Arc<Config>) -> Batcher {
+        let mut head_rx = store.watch_head(&feed.name);
+        let published = *head_rx.borrow_and_update();
+        feed.start_at(published);
+        Batcher {
+            feed,
+            store,
+            config,
+            head_rx,
+            published,
+        }
+    }
+
+    /// Runs until `cancel`, then publishes what is pending and returns.
+    pub async fn run(mut self, cancel: CancellationToken) {
+        let max_batch = self.config.max_batch as u64;
+        let mut deadline: Option<Instant> = None;
+        let mut stopping = false;
+        loop {
+            let head = *self.head_rx.borrow_and_update();
+            let pending = head.saturating_sub(self.published);
+            let due = stopping || deadline.is_some_and(|d| Instant::now() >= d);
+            if pending >= max_batch || (pending > 0 && due) {
+                let upto = head.min(self.published + max_batch);
+                match cut(
+                    &self.feed,
+                    self.store.as_ref(),
+                    &self.config,
+                    self.published,
+                    upto,
+                )
+                .await
+                {
+                    Ok(()) => self.published = upto,
+                    Err(e) => {
+                        tracing::warn!(channel = %self.feed.name, error = %e, "cannot read the log to publish; retrying");
+                        if stopping {
+                            return;
+                        }
+                        tokio::select! {
+                            _ = cancel.cancelled() => stopping = true,
+                            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        }
+                    }
+                }
+                continue;
+            }
+            if stopping {
+                return;
+            }
+            if pending == 0 {
+                deadline = None;
+            } else if deadline.is_none() {
+                deadline = Some(Instant::now() + self.config.linger);
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => stopping = true,
+                changed = self.head_rx.changed() => if changed.is_err() { stopping = true },
+                _ = sleep_until(deadline) => {}
+            }
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn cut(
+    feed: &ChannelFeed,
+    store: &dyn Store,
+    config: &Config,
+    after: u64,
+    upto: u64,
+) -> Result<(), crate::store::StoreError> {
+    let changes = store
+        .read(&feed.name, after, (upto - after) as usize)
+        .await?;
+    if changes.is_empty() {
+        // Trimmed away before it could be published: nothing to announce.
+        feed.start_at(upto);
+        return Ok(());
+    }
+    let n = render_notification(config, &feed.name, changes);
+    tracing::debug!(channel = %feed.name, first = n.first, last = n.last, "notification cut");
+    feed.publish(n);
+    Ok(())
+}

@@ -1,0 +1,391 @@
+//! The change model: what a source sends ([`NewChange`]), what the log holds ([`Change`]),
+//! and the validation rules every ingest path (JSON, NDJSON, XML) shares.
+//!
+//! Invariant: a [`NewChange`] that passed [`NewChange::validate`] can be stored and rendered
+//! without further checks; nothing downstream re-validates.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+use time::format_description::well_known::Rfc3339;
+use time::{Date, Month, OffsetDateTime, PrimitiveDateTime, Time, UtcOffset};
+
+/// Longest `loc` (and link `href`) accepted, in bytes.
+pub const MAX_URI_LEN: usize = 2048;
+/// Longest free-text attribute (`hash`, `type`, link attributes) accepted, in bytes.
+pub const MAX_ATTR_LEN: usize = 1024;
+/// Most links one change may carry.
+pub const MAX_LINKS: usize = 32;
+
+/// The kind of change, as ResourceSync names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChangeType {
+    Created,
+    Updated,
+    Deleted,
+}
+
+impl ChangeType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChangeType::Created => "created",
+            ChangeType::Updated => "updated",
+            ChangeType::Deleted => "deleted",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<ChangeType> {
+        match s {
+            "created" => Some(ChangeType::Created),
+            "updated" => Some(ChangeType::Updated),
+            "deleted" => Some(ChangeType::Deleted),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for ChangeType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A link attached to a change (`<rs:ln>`): `rel`, `href` and any other attributes
+/// (`type`, `hash`, `length`, `modified`, `pri`, …) kept verbatim.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Link {
+    pub rel: String,
+    pub href: String,
+    #[serde(flatten)]
+    pub attrs: BTreeMap<String, String>,
+}
+
+/// A change as a source describes it, before the store gives it a seq.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewChange {
+    pub loc: String,
+    pub change: ChangeType,
+    /// When the change happened; the receipt time when absent.
+    #[serde(default, with = "time::serde::rfc3339::option")]
+    pub datetime: Option<OffsetDateTime>,
+    /// The resource's own modification time.
+    #[serde(default, with = "time::serde::rfc3339::option")]
+    pub lastmod: Option<OffsetDateTime>,
+    #[serde(default)]
+    pub hash: Option<String>,
+    #[serde(default)]
+    pub length: Option<u64>,
+    /// Media type of the resource (`type` on the wire).
+    #[serde(default, rename = "type")]
+    pub media_type: Option<String>,
+    #[serde(default)]
+    pub links: Vec<Link>,
+}
+
+/// A change as the log holds it: numbered and dated.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Change {
+    pub seq: u64,
+    pub loc: String,
+    pub change: ChangeType,
+    #[serde(with = "time::serde::rfc3339")]
+    pub datetime: OffsetDateTime,
+    #[serde(
+        default,
+        with = "time::serde::rfc3339::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub lastmod: Option<OffsetDateTime>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hash: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub length: Option<u64>,
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub media_type: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub links: Vec<Link>,
+}
+
+impl Change {
+    /// Numbers and dates a new change. `datetime` is the final (monotonic) time chosen by the
+    /// store; when it differs from what the source gave and the source gave no `lastmod`,
+    /// the source's time is kept as `lastmod`.
+    pub fn from_new(seq: u64, new: NewChange, datetime: OffsetDateTime) -> Change {
+        let lastmod = match (new.lastmod, new.datetime) {
+            (Some(lm), _) => Some(lm),
+            (None, Some(given)) if given != datetime => Some(given),
+            _ => None,
+        };
+        Change {
+            seq,
+            loc: new.loc,
+            change: new.change,
+            datetime,
+            lastmod,
+            hash: new.hash,
+            length: new.length,
+            media_type: new.media_type,
+            links: new.links,
+        }
+    }
+}
+
+/// Why a change was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ValidationError {
+    #[error("loc: {0}")]
+    Loc(String),
+    #[error("link {index}: {reason}")]
+    Link { index: usize, reason: String },
+    #[error("{field}: {reason}")]
+    Field { field: &'static str, reason: String },
+}
+
+impl NewChange {
+    /// Checks every field against the rules in DESIGN.md ("Change").
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        check_uri(&self.loc).map_err(ValidationError::Loc)?;
+        if let Some(hash) = &self.hash {
+            check_hash(hash).map_err(|reason| ValidationError::Field {
+                field: "hash",
+                reason,
+            })?;
+        }
+        if let Some(t) = &self.media_type {
+            check_text(t).map_err(|reason| ValidationError::Field {
+                field: "type",
+                reason,
+            })?;
+        }
+        for (field, dt) in [("datetime", self.datetime), ("lastmod", self.lastmod)] {
+            if let Some(dt) = dt {
+                if dt.year() < 1 || dt.year() > 9999 {
+                    return Err(ValidationError::Field {
+                        field,
+                        reason: "year out of range".into(),
+                    });
+                }
+            }
+        }
+        if self.links.len() > MAX_LINKS {
+            return Err(ValidationError::Field {
+                field: "links",
+                reason: format!("at most {MAX_LINKS} links"),
+            });
+        }
+        for (index, link) in self.links.iter().enumerate() {
+            let bad = |reason: String| ValidationError::Link { index, reason };
+            if link.rel.is_empty() {
+                return Err(bad("rel is empty".into()));
+            }
+            check_text(&link.rel).map_err(bad)?;
+            check_uri(&link.href).map_err(|r| ValidationError::Link {
+                index,
+                reason: format!("href: {r}"),
+            })?;
+            for (name, value) in &link.attrs {
+                if !is_xml_name(name)
+                    || name == "rel"
+                    || name == "href"
+                    || name.to_ascii_lowercase().starts_with("xml")
+                {
+                    return Err(ValidationError::Link {
+                        index,
+                        reason: format!("attribute name {name:?} is not allowed"),
+                    });
+                }
+                check_text(value).map_err(|r| ValidationError::Link {
+                    index,
+                    reason: format!("{name}: {r}"),
+                })?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check_uri(uri: &str) -> Result<(), String> {
+    if uri.len() > MAX_URI_LEN {
+        return Err(format!("longer than {MAX_URI_LEN} characters"));
+    }
+    let parsed = url::Url::parse(uri).map_err(|e| format!("not an absolute URI ({e})"))?;
+    if parsed.scheme() != "http" && parsed.scheme() != "https" {
+        return Err("must be an http or https URI".into());
+    }
+    if parsed.host().is_none() {
+        return Err("has no host".into());
+    }
+    if uri.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err("contains whitespace or control characters".into());
+    }
+    Ok(())
+}
+
+fn check_text(s: &str) -> Result<(), String> {
+    if s.len() > MAX_ATTR_LEN {
+        return Err(format!("longer than {MAX_ATTR_LEN} bytes"));
+    }
+    if s.chars().any(|c| c.is_control()) {
+        return Err("contains control characters".into());
+    }
+    Ok(())
+}
+
+/// `hash`: space-separated `algorithm:hexdigest` tokens, e.g. `md5:1e0d… sha-256:854f…`.
+fn check_hash(s: &str) -> Result<(), String> {
+    check_text(s)?;
+    if s.trim().is_empty() {
+        return Err("is empty".into());
+    }
+    for token in s.split_whitespace() {
+        let Some((alg, digest)) = token.split_once(':') else {
+            return Err(format!("{token:?} is not algorithm:digest"));
+        };
+        let alg_ok = !alg.is_empty() && alg.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
+        if !alg_ok || digest.is_empty() || !digest.chars().all(|c| c.is_ascii_hexdigit()) {
+            return Err(format!("{token:?} is not algorithm:hexdigest"));
+        }
+    }
+    Ok(())
+}
+
+fn is_xml_name(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+        && s.len() <= 64
+}
+
+/// Parses a W3C Datetime (the profile of ISO 8601 that sitemaps use): `YYYY`, `YYYY-MM`,
+/// `YYYY-MM-DD`, or a date with `Thh:mm`, `Thh:mm:ss` or `Thh:mm:ss.s…` and a zone
+/// designator (`Z` or `±hh:mm`). Dates without a time are read as midnight UTC.
+pub fn parse_w3c_datetime(s: &str) -> Result<OffsetDateTime, String> {
+    let upper = s.trim().to_ascii_uppercase();
+    let s = upper.as_str();
+    let bad = || format!("{s:?} is not a W3C datetime");
+    if s.contains('T') {
+        if let Ok(dt) = OffsetDateTime::parse(s, &Rfc3339) {
+            return Ok(dt.to_offset(UtcOffset::UTC));
+        }
+        // hh:mm without seconds: insert ":00" before the zone designator.
+        let (date, rest) = s.split_once('T').ok_or_else(bad)?;
+        let zone_at = rest
+            .find(['Z', '+', '-'])
+            .ok_or_else(|| format!("{s:?} has no time zone designator"))?;
+        let (clock, zone) = rest.split_at(zone_at);
+        if clock.len() == 5 {
+            let full = format!("{date}T{clock}:00{zone}");
+            return OffsetDateTime::parse(&full, &Rfc3339)
+                .map(|dt| dt.to_offset(UtcOffset::UTC))
+                .map_err(|_| bad());
+        }
+        return Err(bad());
+    }
+    let parts: Vec<&str> = s.split('-').collect();
+    let num = |p: &str, len: usize| -> Result<u32, String> {
+        if p.len() != len || !p.chars().all(|c| c.is_ascii_digit()) {
+            return Err(bad());
+        }
+        p.parse().map_err(|_| bad())
+    };
+    let (y, m, d) = match parts.as_slice() {
+        [y] => (num(y, 4)?, 1, 1),
+        [y, m] => (num(y, 4)?, num(m, 2)?, 1),
+        [y, m, d] => (num(y, 4)?, num(m, 2)?, num(d, 2)?),
+        _ => return Err(bad()),
+    };
+    let month = Month::try_from(m as u8).map_err(|_| bad())?;
+    let date = Date::from_calendar_date(y as i32, month, d as u8).map_err(|_| bad())?;
+    Ok(PrimitiveDateTime::new(date, Time::MIDNIGHT).assume_utc())
+}
+
+/// Formats a datetime the way every document of the hub writes it: RFC 3339 in UTC with `Z`.
+pub fn format_datetime(dt: OffsetDateTime) -> String {
+    dt.to_offset(UtcOffset::UTC)
+        .format(&Rfc3339)
+        .unwrap_or_else(|_| String::from("1970-01-01T00:00:00Z"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn new(loc: &str) -> NewChange {
+        NewChange {
+            loc: loc.into(),
+            change: ChangeType::Created,
+            datetime: None,
+            lastmod: None,
+            hash: None,
+            length: None,
+            media_type: None,
+            links: vec![],
+        }
+    }
+
+    #[test]
+    fn w3c_datetimes() {
+        for (input, want) in [
+            ("2013-01-03T09:00:00Z", "2013-01-03T09:00:00Z"),
+            ("2013-01-03T09:00Z", "2013-01-03T09:00:00Z"),
+            ("2013-01-03T10:00:00+01:00", "2013-01-03T09:00:00Z"),
+            ("2013-01-03T09:00:00.5Z", "2013-01-03T09:00:00.5Z"),
+            ("2013-01-03", "2013-01-03T00:00:00Z"),
+            ("2013-01", "2013-01-01T00:00:00Z"),
+            ("2013", "2013-01-01T00:00:00Z"),
+        ] {
+            let dt = parse_w3c_datetime(input).unwrap();
+            assert_eq!(format_datetime(dt), want, "{input}");
+        }
+        for bad in [
+            "",
+            "yesterday",
+            "2013-13-01",
+            "2013-01-03T09:00:00",
+            "13-01-03",
+            "2013-02-30",
+        ] {
+            assert!(parse_w3c_datetime(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn validation_rules() {
+        assert!(new("http://example.com/a").validate().is_ok());
+        assert!(new("/relative").validate().is_err());
+        assert!(new("ftp://example.com/a").validate().is_err());
+        assert!(
+            new(&format!("http://example.com/{}", "a".repeat(MAX_URI_LEN)))
+                .validate()
+                .is_err()
+        );
+        let mut c = new("http://example.com/a");
+        c.hash = Some("md5:1e0d5cb8ef6ba40c99b14c0237be735e sha-256:854f61290e2e1".into());
+        assert!(c.validate().is_ok());
+        c.hash = Some("md5".into());
+        assert!(c.validate().is_err());
+        c.hash = None;
+        c.links = vec![Link {
+            rel: "alternate".into(),
+            href: "relative".into(),
+            attrs: BTreeMap::new(),
+        }];
+        assert!(matches!(
+            c.validate(),
+            Err(ValidationError::Link { index: 0, .. })
+        ));
+    }
+
+    #[test]
+    fn source_time_kept_as_lastmod_when_moved() {
+        let mut n = new("http://example.com/a");
+        let given = parse_w3c_datetime("2020-01-01T00:00:00Z").unwrap();
+        let later = parse_w3c_datetime("2021-01-01T00:00:00Z").unwrap();
+        n.datetime = Some(given);
+        let c = Change::from_new(7, n.clone(), later);
+        assert_eq!(c.lastmod, Some(given));
+        let c = Change::from_new(7, n, given);
+        assert_eq!(c.lastmod, None);
+    }
+}

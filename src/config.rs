@@ -1,0 +1,506 @@
+//! Configuration of `changehub serve`: command-line flags (each also read from a `CHANGEHUB_*`
+//! environment variable), an optional TOML file given by `--config`, and the defaults, merged in
+//! that order of precedence into one [`Config`].
+
+use clap::Args;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::fanout::signing::Algorithm;
+
+/// Channel names: `[a-z0-9][a-z0-9._-]{0,63}`.
+pub fn valid_channel_name(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 64
+        && (bytes[0].is_ascii_lowercase() || bytes[0].is_ascii_digit())
+        && bytes.iter().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'.' | b'_' | b'-')
+        })
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {source}")]
+    Toml {
+        path: PathBuf,
+        source: toml::de::Error,
+    },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e}"))
+}
+
+/// Flags of `changehub serve`. Every value is optional here so that the TOML file can supply
+/// it; defaults are applied in [`ServeArgs::resolve`].
+#[derive(Debug, Clone, Default, Args)]
+pub struct ServeArgs {
+    /// TOML file with the same settings (flag names with `_` for `-`) and `[channels.NAME]` tables.
+    #[arg(long, env = "CHANGEHUB_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Address to listen on.
+    #[arg(long, env = "CHANGEHUB_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// Public base URL of the hub (default `http://{listen}`); topic URLs are built from it.
+    #[arg(long, env = "CHANGEHUB_PUBLIC_URL")]
+    pub public_url: Option<String>,
+    /// Folder of the embedded store (the default store).
+    #[arg(long, env = "CHANGEHUB_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Use the Redis store at this URL instead of the embedded store.
+    #[arg(long, env = "CHANGEHUB_REDIS")]
+    pub redis: Option<String>,
+    /// Declare a channel and its publisher token: `NAME=TOKEN` (repeatable).
+    #[arg(long = "channel", env = "CHANGEHUB_CHANNELS", value_delimiter = ',')]
+    pub channels: Vec<String>,
+    /// Bearer token for the admin API.
+    #[arg(long, env = "CHANGEHUB_ADMIN_TOKEN")]
+    pub admin_token: Option<String>,
+    /// Allow callbacks that resolve to loopback, private or link-local addresses.
+    #[arg(long, env = "CHANGEHUB_ALLOW_PRIVATE_CALLBACKS")]
+    pub allow_private_callbacks: bool,
+    /// Serve external topics under this URL prefix (`*` for any; repeatable).
+    #[arg(
+        long = "allow-external-topics",
+        env = "CHANGEHUB_ALLOW_EXTERNAL_TOPICS"
+    )]
+    pub allow_external_topics: Vec<String>,
+    /// Most changes in one notification (default 1000).
+    #[arg(long, env = "CHANGEHUB_MAX_BATCH")]
+    pub max_batch: Option<usize>,
+    /// How long a batch waits for more changes before it is sent (default 100ms).
+    #[arg(long, env = "CHANGEHUB_LINGER", value_parser = parse_duration)]
+    pub linger: Option<Duration>,
+    /// Largest ingest request body in bytes (default 8 MiB).
+    #[arg(long, env = "CHANGEHUB_MAX_BODY")]
+    pub max_body: Option<usize>,
+    /// Lease granted when a subscriber asks for none (default 10 days).
+    #[arg(long, env = "CHANGEHUB_LEASE_DEFAULT", value_parser = parse_duration)]
+    pub lease_default: Option<Duration>,
+    /// Shortest lease granted (default 5 minutes).
+    #[arg(long, env = "CHANGEHUB_LEASE_MIN", value_parser = parse_duration)]
+    pub lease_min: Option<Duration>,
+    /// Longest lease granted (default 30 days).
+    #[arg(long, env = "CHANGEHUB_LEASE_MAX", value_parser = parse_duration)]
+    pub lease_max: Option<Duration>,
+    /// How long a notification is retried before it is given up (default 24h).
+    #[arg(long, env = "CHANGEHUB_RETRY_FOR", value_parser = parse_duration)]
+    pub retry_for: Option<Duration>,
+    /// First retry delay; later ones double, with jitter (default 5s).
+    #[arg(long, env = "CHANGEHUB_RETRY_INITIAL", value_parser = parse_duration)]
+    pub retry_initial: Option<Duration>,
+    /// Longest delay between two retries (default 1h).
+    #[arg(long, env = "CHANGEHUB_RETRY_MAX", value_parser = parse_duration)]
+    pub retry_max: Option<Duration>,
+    /// Timeout of one delivery or verification request (default 10s).
+    #[arg(long, env = "CHANGEHUB_DELIVERY_TIMEOUT", value_parser = parse_duration)]
+    pub delivery_timeout: Option<Duration>,
+    /// Default `X-Hub-Signature` algorithm: sha1, sha256, sha384, sha512 (default sha256).
+    #[arg(long, env = "CHANGEHUB_SIGNATURE_ALGORITHM")]
+    pub signature_algorithm: Option<Algorithm>,
+    /// Keep at most this many changes per channel (default 1,000,000).
+    #[arg(long, env = "CHANGEHUB_RETAIN_CHANGES")]
+    pub retain_changes: Option<u64>,
+    /// Drop changes older than this (default: keep by count only).
+    #[arg(long, env = "CHANGEHUB_RETAIN_FOR", value_parser = parse_duration)]
+    pub retain_for: Option<Duration>,
+    /// How often retention is applied (default 10s).
+    #[arg(long, env = "CHANGEHUB_TRIM_INTERVAL", value_parser = parse_duration, hide = true)]
+    pub trim_interval: Option<Duration>,
+}
+
+/// The TOML file: the same settings, plus per-channel tables.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    listen: Option<SocketAddr>,
+    public_url: Option<String>,
+    data_dir: Option<PathBuf>,
+    redis: Option<String>,
+    admin_token: Option<String>,
+    allow_private_callbacks: Option<bool>,
+    #[serde(default)]
+    allow_external_topics: Vec<String>,
+    max_batch: Option<usize>,
+    #[serde(default, with = "humantime_serde_opt")]
+    linger: Option<Duration>,
+    max_body: Option<usize>,
+    #[serde(default, with = "humantime_serde_opt")]
+    lease_default: Option<Duration>,
+    #[serde(default, with = "humantime_serde_opt")]
+    lease_min: Option<Duration>,
+    #[serde(default, with = "humantime_serde_opt")]
+    lease_max: Option<Duration>,
+    #[serde(default, with = "humantime_serde_opt")]
+    retry_for: Option<Duration>,
+    #[serde(default, with = "humantime_serde_opt")]
+    retry_initial: Option<Duration>,
+    #[serde(default, with = "humantime_serde_opt")]
+    retry_max: Option<Duration>,
+    #[serde(default, with = "humantime_serde_opt")]
+    delivery_timeout: Option<Duration>,
+    signature_algorithm: Option<String>,
+    retain_changes: Option<u64>,
+    #[serde(default, with = "humantime_serde_opt")]
+    retain_for: Option<Duration>,
+    #[serde(default)]
+    channels: BTreeMap<String, FileChannel>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileChannel {
+    token: String,
+    retain_changes: Option<u64>,
+    #[serde(default, with = "humantime_serde_opt")]
+    retain_for: Option<Duration>,
+}
+
+mod humantime_serde_opt {
+    use serde::{Deserialize, Deserializer};
+    use std::time::Duration;
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        let s: Option<String> = Option::deserialize(d)?;
+        s.map(|s| humantime::parse_duration(&s).map_err(serde::de::Error::custom))
+            .transpose()
+    }
+}
+
+/// Which store backs the hub.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreConfig {
+    Embedded { data_dir: PathBuf },
+    Redis { url: String },
+}
+
+/// How long changes are kept, per channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    pub max_changes: u64,
+    pub max_age: Option<Duration>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ChannelConfig {
+    pub name: String,
+    pub token: String,
+    pub retention: Retention,
+}
+
+/// The resolved configuration the hub runs with.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    /// Without a trailing slash.
+    pub public_url: String,
+    pub store: StoreConfig,
+    pub channels: BTreeMap<String, ChannelConfig>,
+    pub admin_token: Option<String>,
+    pub allow_private_callbacks: bool,
+    pub allow_external_topics: Vec<String>,
+    pub max_batch: usize,
+    pub linger: Duration,
+    pub max_body: usize,
+    pub lease_default: Duration,
+    pub lease_min: Duration,
+    pub lease_max: Duration,
+    pub retry_for: Duration,
+    pub retry_initial: Duration,
+    pub retry_max: Duration,
+    pub delivery_timeout: Duration,
+    pub signature_algorithm: Algorithm,
+    pub trim_interval: Duration,
+}
+
+impl Config {
+    /// A configuration with every default, an embedded store in `data_dir`, listening on
+    /// `listen`. Tests and embedders start from here.
+    pub fn new(listen: SocketAddr, data_dir: PathBuf) -> Config {
+        ServeArgs {
+            listen: Some(listen),
+            data_dir: Some(data_dir),
+            ..ServeArgs::default()
+        }
+        .resolve()
+        .expect("defaults are valid")
+    }
+
+    /// Declares a channel with the default retention.
+    pub fn with_channel(mut self, name: &str, token: &str) -> Config {
+        self.channels.insert(
+            name.to_string(),
+            ChannelConfig {
+                name: name.to_string(),
+                token: token.to_string(),
+                retention: DEFAULT_RETENTION,
+            },
+        );
+        self
+    }
+
+    /// The topic URL (and catch-up Change List) of a channel.
+    pub fn topic_url(&self, channel: &str) -> String {
+        format!("{}/channels/{channel}/changelist.xml", self.public_url)
+    }
+
+    /// The hub URL subscribers post to.
+    pub fn hub_url(&self) -> String {
+        format!("{}/hub", self.public_url)
+    }
+
+    /// The channel whose topic URL is `topic`, if any.
+    pub fn channel_for_topic(&self, topic: &str) -> Option<&ChannelConfig> {
+        let rest = topic.strip_prefix(&self.public_url)?;
+        let name = rest
+            .strip_prefix("/channels/")?
+            .strip_suffix("/changelist.xml")?;
+        self.channels.get(name)
+    }
+}
+
+const DEFAULT_RETENTION: Retention = Retention {
+    max_changes: 1_000_000,
+    max_age: None,
+};
+
+impl ServeArgs {
+    /// Merges flags, the TOML file and defaults, and checks the result.
+    pub fn resolve(self) -> Result<Config, ConfigError> {
+        let file = match &self.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                    path: path.clone(),
+                    source,
+                })?;
+                toml::from_str::<FileConfig>(&text).map_err(|source| ConfigError::Toml {
+                    path: path.clone(),
+                    source,
+                })?
+            }
+            None => FileConfig::default(),
+        };
+        let invalid = |m: String| ConfigError::Invalid(m);
+
+        let listen = self
+            .listen
+            .or(file.listen)
+            .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080)));
+        let public_url = self
+            .public_url
+            .or(file.public_url)
+            .unwrap_or_else(|| format!("http://{listen}"));
+        let public_url = public_url.trim_end_matches('/').to_string();
+        let parsed = url::Url::parse(&public_url)
+            .map_err(|e| invalid(format!("--public-url {public_url:?}: {e}")))?;
+        if !matches!(parsed.scheme(), "http" | "https") || parsed.query().is_some() {
+            return Err(invalid(format!(
+                "--public-url {public_url:?} must be an http(s) URL without a query"
+            )));
+        }
+
+        let store = match self.redis.or(file.redis) {
+            Some(url) => StoreConfig::Redis { url },
+            None => StoreConfig::Embedded {
+                data_dir: self
+                    .data_dir
+                    .or(file.data_dir)
+                    .unwrap_or_else(|| PathBuf::from("changehub-data")),
+            },
+        };
+
+        let retention = Retention {
+            max_changes: self
+                .retain_changes
+                .or(file.retain_changes)
+                .unwrap_or(DEFAULT_RETENTION.max_changes),
+            max_age: self.retain_for.or(file.retain_for),
+        };
+        if retention.max_changes == 0 {
+            return Err(invalid("--retain-changes must be at least 1".into()));
+        }
+
+        let mut channels = BTreeMap::new();
+        for (name, ch) in file.channels {
+            let config = ChannelConfig {
+                name: name.clone(),
+                token: ch.token,
+                retention: Retention {
+                    max_changes: ch.retain_changes.unwrap_or(retention.max_changes),
+                    max_age: ch.retain_for.or(retention.max_age),
+                },
+            };
+            channels.insert(name, config);
+        }
+        for spec in self.channels {
+            let (name, token) = spec
+                .split_once('=')
+                .ok_or_else(|| invalid(format!("--channel {spec:?}: expected NAME=TOKEN")))?;
+            let entry = channels
+                .entry(name.to_string())
+                .or_insert_with(|| ChannelConfig {
+                    name: name.to_string(),
+                    token: String::new(),
+                    retention,
+                });
+            entry.token = token.to_string();
+        }
+        for ch in channels.values() {
+            if !valid_channel_name(&ch.name) {
+                return Err(invalid(format!(
+                    "channel name {:?} must match [a-z0-9][a-z0-9._-]{{0,63}}",
+                    ch.name
+                )));
+            }
+            if ch.token.is_empty() {
+                return Err(invalid(format!("channel {:?} has an empty token", ch.name)));
+            }
+        }
+
+        let signature_algorithm = match (self.signature_algorithm, file.signature_algorithm) {
+            (Some(a), _) => a,
+            (None, Some(s)) => s
+                .parse()
+                .map_err(|e: String| invalid(format!("signature_algorithm: {e}")))?,
+            (None, None) => Algorithm::Sha256,
+        };
+
+        let config = Config {
+            listen,
+            public_url,
+            store,
+            channels,
+            admin_token: self.admin_token.or(file.admin_token),
+            allow_private_callbacks: self.allow_private_callbacks
+                || file.allow_private_callbacks.unwrap_or(false),
+            allow_external_topics: [self.allow_external_topics, file.allow_external_topics]
+                .concat(),
+            max_batch: self.max_batch.or(file.max_batch).unwrap_or(1000),
+            linger: self
+                .linger
+                .or(file.linger)
+                .unwrap_or(Duration::from_millis(100)),
+            max_body: self.max_body.or(file.max_body).unwrap_or(8 << 20),
+            lease_default: self
+                .lease_default
+                .or(file.lease_default)
+                .unwrap_or(Duration::from_secs(10 * 86_400)),
+            lease_min: self
+                .lease_min
+                .or(file.lease_min)
+                .unwrap_or(Duration::from_secs(300)),
+            lease_max: self
+                .lease_max
+                .or(file.lease_max)
+                .unwrap_or(Duration::from_secs(30 * 86_400)),
+            retry_for: self
+                .retry_for
+                .or(file.retry_for)
+                .unwrap_or(Duration::from_secs(86_400)),
+            retry_initial: self
+                .retry_initial
+                .or(file.retry_initial)
+                .unwrap_or(Duration::from_secs(5)),
+            retry_max: self
+                .retry_max
+                .or(file.retry_max)
+                .unwrap_or(Duration::from_secs(3600)),
+            delivery_timeout: self
+                .delivery_timeout
+                .or(file.delivery_timeout)
+                .unwrap_or(Duration::from_secs(10)),
+            signature_algorithm,
+            trim_interval: self
+                .trim_interval
+                .unwrap_or(Duration::from_secs(10))
+                .max(Duration::from_millis(10)),
+        };
+        if config.max_batch == 0 {
+            return Err(invalid("--max-batch must be at least 1".into()));
+        }
+        if config.lease_min.is_zero() || config.lease_min > config.lease_max {
+            return Err(invalid(
+                "--lease-min must be positive and at most --lease-max".into(),
+            ));
+        }
+        if config.lease_default < config.lease_min || config.lease_default > config.lease_max {
+            return Err(invalid(
+                "--lease-default must lie between --lease-min and --lease-max".into(),
+            ));
+        }
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn channel_names() {
+        for ok in ["a", "0", "news.feed_1-x", &"a".repeat(64)] {
+            assert!(valid_channel_name(ok), "{ok}");
+        }
+        for bad in ["", "A", "-a", ".a", "a/b", "a b", &"a".repeat(65)] {
+            assert!(!valid_channel_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn flags_override_file_and_defaults_apply() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hub.toml");
+        std::fs::write(
+            &path,
+            "max_batch = 50\nlinger = \"20ms\"\n[channels.news]\ntoken = \"t1\"\nretain_changes = 10\n",
+        )
+        .unwrap();
+        let config = ServeArgs {
+            config: Some(path),
+            max_batch: Some(7),
+            channels: vec!["other=t2".into()],
+            ..ServeArgs::default()
+        }
+        .resolve()
+        .unwrap();
+        assert_eq!(config.max_batch, 7);
+        assert_eq!(config.linger, Duration::from_millis(20));
+        assert_eq!(config.channels["news"].retention.max_changes, 10);
+        assert_eq!(config.channels["other"].token, "t2");
+        assert_eq!(config.public_url, "http://127.0.0.1:8080");
+        assert_eq!(
+            config
+                .channel_for_topic("http://127.0.0.1:8080/channels/news/changelist.xml")
+                .map(|c| c.name.as_str()),
+            Some("news")
+        );
+        assert!(config
+            .channel_for_topic("http://127.0.0.1:8080/channels/nope/changelist.xml")
+            .is_none());
+    }
+
+    #[test]
+    fn bad_settings_are_refused() {
+        let bad_channel = ServeArgs {
+            channels: vec!["Bad=t".into()],
+            ..ServeArgs::default()
+        };
+        assert!(bad_channel.resolve().is_err());
+        let no_token = ServeArgs {
+            channels: vec!["news".into()],
+            ..ServeArgs::default()
+        };
+        assert!(no_token.resolve().is_err());
+    }
+}

@@ -1,0 +1,176 @@
+//! Fan-out: WebSub subscriptions and the delivery of notifications to their callbacks.
+//!
+//! - [`websub`]: the `POST /hub` endpoint and the asynchronous verification of intent.
+//! - [`delivery`]: one worker per verified subscription, delivering in seq order, one request
+//!   in flight, retrying with backoff; its progress is [`crate::store::DeliveryState`].
+//! - [`retry`]: the retry schedule (pure functions, so that it survives restarts).
+//! - [`signing`]: the HMAC behind `X-Hub-Signature`.
+//! - [`net`]: the outbound HTTP client (no redirects, no private addresses unless allowed).
+//!
+//! [`Fanout`] is the registry of live subscriptions: it starts a worker when a subscription is
+//! verified (or found in the store at start-up), hands a re-verified subscription (new secret,
+//! new lease) to the running worker, and stops the worker when the subscription ends.
+
+pub mod delivery;
+pub mod net;
+pub mod retry;
+pub mod signing;
+pub mod websub;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::batcher::ChannelFeed;
+use crate::config::Config;
+use crate::store::{DeliveryState, Store, StoreError, Subscription};
+
+struct Handle {
+    generation: u64,
+    sub: watch::Sender<Arc<Subscription>>,
+    cancel: CancellationToken,
+}
+
+/// Shared by the HTTP handlers, the verification tasks and the delivery workers.
+pub struct Fanout {
+    pub config: Arc<Config>,
+    pub store: Arc<dyn Store>,
+    pub feeds: Arc<BTreeMap<String, Arc<ChannelFeed>>>,
+    pub client: reqwest::Client,
+    tasks: TaskTracker,
+    cancel: CancellationToken,
+    live: Mutex<(u64, HashMap<String, Handle>)>,
+}
+
+impl Fanout {
+    pub fn new(
+        config: Arc<Config>,
+        store: Arc<dyn Store>,
+        feeds: Arc<BTreeMap<String, Arc<ChannelFeed>>>,
+        tasks: TaskTracker,
+        cancel: CancellationToken,
+    ) -> Arc<Fanout> {
+        let client = net::client(config.allow_private_callbacks, config.delivery_timeout);
+        Arc::new(Fanout {
+            config,
+            store,
+            feeds,
+            client,
+            tasks,
+            cancel,
+            live: Mutex::new((0, HashMap::new())),
+        })
+    }
+
+    /// Starts a worker for every subscription in the store (at start-up).
+    pub async fn resume(self: &Arc<Self>) -> Result<usize, StoreError> {
+        let subs = self.store.subscriptions().await?;
+        let mut started = 0;
+        for sub in subs {
+            if !self.feeds.contains_key(&sub.channel) {
+                tracing::warn!(channel = %sub.channel, callback = %sub.callback,
+                    "subscription to a channel that is no longer configured; keeping it idle");
+                continue;
+            }
+            let state = self.store.delivery(&sub.id).await?.unwrap_or_default();
+            self.spawn(sub, state);
+            started += 1;
+        }
+        Ok(started)
+    }
+
+    /// Makes a verified subscription active: stores it and starts or updates its worker.
+    /// A new subscription starts after the channel's last published seq.
+    pub async fn activate(self: &Arc<Self>, sub: Subscription) -> Result<(), StoreError> {
+        self.store.put_subscription(&sub).await?;
+        let existing = {
+            let live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+            live.1.get(&sub.id).map(|h| h.sub.clone())
+        };
+        match existing {
+            Some(tx) => {
+                tx.send_replace(Arc::new(sub));
+            }
+            None => {
+                let state = match self.store.delivery(&sub.id).await? {
+                    Some(state) => state,
+                    None => {
+                        let cursor = self
+                            .feeds
+                            .get(&sub.channel)
+                            .map(|f| f.published_seq())
+                            .unwrap_or(0);
+                        let state = DeliveryState {
+                            cursor,
+                            ..DeliveryState::default()
+                        };
+                        self.store.put_delivery(&sub.id, &state).await?;
+                        state
+                    }
+                };
+                self.spawn(sub, state);
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends a subscription: stops its worker and forgets it. True when it existed.
+    pub async fn remove(&self, id: &str) -> Result<bool, StoreError> {
+        let handle = {
+            let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+            live.1.remove(id)
+        };
+        if let Some(h) = &handle {
+            h.cancel.cancel();
+        }
+        Ok(self.store.delete_subscription(id).await? || handle.is_some())
+    }
+
+    /// Called by a worker that ends its own subscription (410, lease expiry).
+    async fn remove_own(&self, id: &str, generation: u64) {
+        {
+            let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+            if live.1.get(id).is_some_and(|h| h.generation == generation) {
+                live.1.remove(id);
+            } else {
+                return; // replaced meanwhile by a new verification
+            }
+        }
+        if let Err(e) = self.store.delete_subscription(id).await {
+            tracing::warn!(subscription = id, error = %e, "cannot delete subscription");
+        }
+    }
+
+    /// The subscriptions with a running worker.
+    pub fn active(&self) -> Vec<Arc<Subscription>> {
+        let live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        live.1.values().map(|h| h.sub.borrow().clone()).collect()
+    }
+
+    fn spawn(self: &Arc<Self>, sub: Subscription, state: DeliveryState) {
+        let cancel = self.cancel.child_token();
+        let (tx, rx) = watch::channel(Arc::new(sub.clone()));
+        let generation = {
+            let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+            live.0 += 1;
+            let generation = live.0;
+            if let Some(old) = live.1.insert(
+                sub.id.clone(),
+                Handle {
+                    generation,
+                    sub: tx,
+                    cancel: cancel.clone(),
+                },
+            ) {
+                old.cancel.cancel();
+            }
+            generation
+        };
+        let fanout = self.clone();
+        self.tasks.spawn(async move {
+            delivery::run_worker(fanout, rx, state, cancel, generation).await;
+        });
+    }
+}

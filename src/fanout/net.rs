@@ -1,0 +1,139 @@
+//! Outbound HTTP for verification and delivery: one pooled client that never follows
+//! redirects and, unless private callbacks are allowed, refuses to connect to loopback,
+//! private, link-local and other non-public addresses. The check runs in the resolver, on the
+//! very addresses the connection will use, so a name that changes its answer between two
+//! lookups (DNS rebinding) cannot slip through; IP-literal URLs are checked by [`check_target`].
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest::dns::{Addrs, Name, Resolve, Resolving};
+
+/// True for addresses a public callback may not resolve to.
+pub fn is_private(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => {
+            let o = v4.octets();
+            v4.is_loopback()
+                || v4.is_private()
+                || v4.is_link_local()
+                || v4.is_unspecified()
+                || v4.is_broadcast()
+                || v4.is_documentation()
+                || o[0] == 0
+                || (o[0] == 100 && (o[1] & 0xc0) == 64) // 100.64.0.0/10 shared address space
+                || (o[0] == 198 && (o[1] & 0xfe) == 18) // 198.18.0.0/15 benchmarking
+                || o[0] >= 240
+        }
+        IpAddr::V6(v6) => {
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return is_private(IpAddr::V4(v4));
+            }
+            let s = v6.segments();
+            v6.is_loopback()
+                || v6.is_unspecified()
+                || (s[0] & 0xfe00) == 0xfc00 // unique local
+                || (s[0] & 0xffc0) == 0xfe80 // link-local
+                || (s[0] & 0xff00) == 0xff00 // multicast
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    #[error("not an absolute http(s) URL")]
+    NotHttp,
+    #[error("address {0} is loopback, private or link-local")]
+    Private(IpAddr),
+}
+
+/// Checks a callback or topic URL before any request: scheme, and the address when the host
+/// is an IP literal (names are checked by the resolver when connecting).
+pub fn check_target(url: &url::Url, allow_private: bool) -> Result<(), TargetError> {
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(TargetError::NotHttp);
+    }
+    let ip = match url.host() {
+        Some(url::Host::Ipv4(ip)) => IpAddr::V4(ip),
+        Some(url::Host::Ipv6(ip)) => IpAddr::V6(ip),
+        Some(url::Host::Domain(_)) => return Ok(()),
+        None => return Err(TargetError::NotHttp),
+    };
+    if !allow_private && is_private(ip) {
+        return Err(TargetError::Private(ip));
+    }
+    Ok(())
+}
+
+struct PublicOnlyResolver;
+
+impl Resolve for PublicOnlyResolver {
+    fn resolve(&self, name: Name) -> Resolving {
+        Box::pin(async move {
+            let host = name.as_str().to_string();
+            let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0))
+                .await?
+                .filter(|a| !is_private(a.ip()))
+                .collect();
+            if addrs.is_empty() {
+                return Err(format!("{host} resolves to no public address").into());
+            }
+            Ok(Box::new(addrs.into_iter()) as Addrs)
+        })
+    }
+}
+
+/// The client used for every outbound request of the hub.
+pub fn client(allow_private: bool, timeout: Duration) -> reqwest::Client {
+    let mut builder = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(timeout)
+        .connect_timeout(timeout.min(Duration::from_secs(10)))
+        .pool_max_idle_per_host(32)
+        .user_agent(concat!("changehub/", env!("CARGO_PKG_VERSION")));
+    if !allow_private {
+        builder = builder.dns_resolver(Arc::new(PublicOnlyResolver));
+    }
+    builder.build().unwrap_or_else(|e| {
+        tracing::error!(error = %e, "cannot build the configured HTTP client; using defaults");
+        reqwest::Client::new()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn private_ranges() {
+        for ip in [
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "169.254.1.1",
+            "0.0.0.0",
+            "100.64.0.1",
+            "::1",
+            "fe80::1",
+            "fd00::1",
+            "::ffff:127.0.0.1",
+        ] {
+            assert!(is_private(ip.parse().unwrap()), "{ip}");
+        }
+        for ip in ["93.184.216.34", "2606:2800:220:1::1"] {
+            assert!(!is_private(ip.parse().unwrap()), "{ip}");
+        }
+    }
+
+    #[test]
+    fn literal_targets() {
+        let u = |s: &str| url::Url::parse(s).unwrap();
+        assert!(check_target(&u("http://127.0.0.1:9/cb"), false).is_err());
+        assert!(check_target(&u("http://[::1]:9/cb"), false).is_err());
+        assert!(check_target(&u("http://127.0.0.1:9/cb"), true).is_ok());
+        assert!(check_target(&u("http://example.com/cb"), false).is_ok());
+        assert!(check_target(&u("ftp://example.com/cb"), false).is_err());
+    }
+}

@@ -1,0 +1,319 @@
+//! `POST /hub` (also `POST /publish`): WebSub subscription requests.
+//!
+//! The handler checks the request, answers 202 and leaves the rest to a background task: it
+//! validates the topic (an unknown topic is denied with `hub.mode=denied`), then verifies the
+//! subscriber's intent with a GET carrying a random single-use `hub.challenge` (the callback's
+//! own query string kept), and only when the callback answers 2xx with exactly the challenge
+//! does the subscription change. A failed verification leaves everything as it was.
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use rand::RngCore;
+use std::sync::Arc;
+use std::time::Duration;
+use time::OffsetDateTime;
+
+use super::{net, signing::Algorithm, Fanout};
+use crate::http::AppState;
+use crate::store::{subscription_id, Subscription};
+
+/// `hub.secret` must be shorter than this (WebSub §5.1).
+pub const MAX_SECRET_BYTES: usize = 200;
+/// Longest callback or topic URL accepted.
+pub const MAX_URL_LEN: usize = 2048;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Subscribe,
+    Unsubscribe,
+}
+
+impl Mode {
+    fn as_str(self) -> &'static str {
+        match self {
+            Mode::Subscribe => "subscribe",
+            Mode::Unsubscribe => "unsubscribe",
+        }
+    }
+}
+
+/// A checked subscription request.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub mode: Mode,
+    pub topic: String,
+    pub callback: url::Url,
+    pub lease_seconds: Option<u64>,
+    pub secret: Option<String>,
+    pub algorithm: Option<Algorithm>,
+    pub verify_token: Option<String>,
+}
+
+/// A refused request: the status and a plain-text reason.
+pub type Refusal = (StatusCode, String);
+
+fn bad(reason: impl Into<String>) -> Refusal {
+    (StatusCode::BAD_REQUEST, reason.into())
+}
+
+/// Parses a form-encoded request body. Unknown parameters are ignored.
+pub fn parse_request(body: &[u8], allow_private: bool) -> Result<Request, Refusal> {
+    let mut mode = None;
+    let mut topic = None;
+    let mut callback = None;
+    let mut lease = None;
+    let mut secret = None;
+    let mut algorithm = None;
+    let mut verify_token = None;
+    for (k, v) in form_urlencoded::parse(body) {
+        let slot = match k.as_ref() {
+            "hub.mode" => &mut mode,
+            "hub.topic" | "hub.url" => &mut topic,
+            "hub.callback" => &mut callback,
+            "hub.lease_seconds" => &mut lease,
+            "hub.secret" => &mut secret,
+            "hub.signature_algorithm" => &mut algorithm,
+            "hub.verify_token" => &mut verify_token,
+            _ => continue,
+        };
+        if slot.is_none() {
+            *slot = Some(v.into_owned());
+        }
+    }
+    let mode = match mode.as_deref() {
+        Some("subscribe") => Mode::Subscribe,
+        Some("unsubscribe") => Mode::Unsubscribe,
+        Some("publish") => {
+            return Err(bad(
+                "hub.mode=publish: this hub hosts its own channels; sources push changes to /channels/{name}/changes",
+            ))
+        }
+        Some(other) => return Err(bad(format!("unknown hub.mode {other:?}"))),
+        None => return Err(bad("missing hub.mode")),
+    };
+    let topic = topic.ok_or_else(|| bad("missing hub.topic"))?;
+    if topic.len() > MAX_URL_LEN {
+        return Err(bad("hub.topic is too long"));
+    }
+    let callback = callback.ok_or_else(|| bad("missing hub.callback"))?;
+    if callback.len() > MAX_URL_LEN {
+        return Err(bad("hub.callback is too long"));
+    }
+    let callback = url::Url::parse(&callback)
+        .map_err(|e| bad(format!("hub.callback is not an absolute URL: {e}")))?;
+    if callback.fragment().is_some() {
+        return Err(bad("hub.callback must not have a fragment"));
+    }
+    net::check_target(&callback, allow_private)
+        .map_err(|e| (StatusCode::FORBIDDEN, format!("hub.callback refused: {e}")))?;
+    let lease_seconds = match lease.as_deref() {
+        None | Some("") => None,
+        Some(s) => match s.parse::<u64>() {
+            Ok(n) if n > 0 => Some(n),
+            _ => return Err(bad("hub.lease_seconds must be a positive integer")),
+        },
+    };
+    let secret = secret.filter(|s| !s.is_empty());
+    if secret.as_ref().is_some_and(|s| s.len() >= MAX_SECRET_BYTES) {
+        return Err(bad(format!(
+            "hub.secret must be shorter than {MAX_SECRET_BYTES} bytes"
+        )));
+    }
+    let algorithm = match algorithm {
+        Some(a) => Some(a.parse::<Algorithm>().map_err(bad)?),
+        None => None,
+    };
+    Ok(Request {
+        mode,
+        topic,
+        callback,
+        lease_seconds,
+        secret,
+        algorithm,
+        verify_token,
+    })
+}
+
+/// `POST /hub`.
+pub async fn hub(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    let content_type = headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/x-www-form-urlencoded");
+    if !content_type
+        .to_ascii_lowercase()
+        .starts_with("application/x-www-form-urlencoded")
+    {
+        return (
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "WebSub requests are application/x-www-form-urlencoded",
+        )
+            .into_response();
+    }
+    let request = match parse_request(&body, state.config.allow_private_callbacks) {
+        Ok(r) => r,
+        Err(refusal) => return refusal.into_response(),
+    };
+    let fanout = state.fanout.clone();
+    state.tasks.spawn(async move {
+        process(fanout, request).await;
+    });
+    StatusCode::ACCEPTED.into_response()
+}
+
+/// Validates, verifies and applies one request (in the background).
+async fn process(fanout: Arc<Fanout>, request: Request) {
+    let Some(channel) = fanout.config.channel_for_topic(&request.topic).cloned() else {
+        deny(
+            &fanout,
+            &request,
+            "unknown topic: this hub serves its channels' changelist.xml URLs",
+        )
+        .await;
+        return;
+    };
+    let config = &fanout.config;
+    let lease = request
+        .lease_seconds
+        .map(Duration::from_secs)
+        .unwrap_or(config.lease_default)
+        .clamp(config.lease_min, config.lease_max);
+    let verified_at = OffsetDateTime::now_utc();
+    match verify(&fanout, &request, lease).await {
+        Ok(()) => {}
+        Err(reason) => {
+            tracing::info!(callback = %request.callback, topic = %request.topic, %reason,
+                "verification of intent failed; nothing changed");
+            return;
+        }
+    }
+    let id = subscription_id(&request.topic, request.callback.as_str());
+    let result = match request.mode {
+        Mode::Subscribe => {
+            let sub = Subscription {
+                id,
+                channel: channel.name.clone(),
+                topic: request.topic.clone(),
+                callback: request.callback.to_string(),
+                secret: request.secret.clone(),
+                algorithm: request.algorithm.unwrap_or(config.signature_algorithm),
+                lease_seconds: lease.as_secs(),
+                expires_at: verified_at + lease,
+                created_at: verified_at,
+            };
+            tracing::info!(callback = %sub.callback, topic = %sub.topic, lease = sub.lease_seconds, "subscription verified");
+            fanout.activate(sub).await
+        }
+        Mode::Unsubscribe => {
+            tracing::info!(callback = %request.callback, topic = %request.topic, "unsubscription verified");
+            fanout.remove(&id).await.map(|_| ())
+        }
+    };
+    if let Err(e) = result {
+        tracing::error!(error = %e, "cannot store the verified subscription change");
+    }
+}
+
+/// The verification GET: 2xx with a body equal to the challenge, nothing else.
+async fn verify(fanout: &Fanout, request: &Request, lease: Duration) -> Result<(), String> {
+    let mut challenge = [0u8; 24];
+    rand::rng().fill_bytes(&mut challenge);
+    let challenge = hex::encode(challenge);
+    let mut url = request.callback.clone();
+    {
+        let mut q = url.query_pairs_mut();
+        q.append_pair("hub.mode", request.mode.as_str())
+            .append_pair("hub.topic", &request.topic)
+            .append_pair("hub.challenge", &challenge)
+            .append_pair("hub.lease_seconds", &lease.as_secs().to_string());
+        if let Some(token) = &request.verify_token {
+            q.append_pair("hub.verify_token", token);
+        }
+    }
+    let mut resp = fanout
+        .client
+        .get(url)
+        .send()
+        .await
+        .map_err(|e| format!("verification request failed: {e}"))?;
+    if !resp.status().is_success() {
+        return Err(format!("callback answered {}", resp.status()));
+    }
+    // Read at most a little more than the challenge: the body must equal it exactly.
+    let mut body = Vec::new();
+    while let Some(chunk) = resp
+        .chunk()
+        .await
+        .map_err(|e| format!("reading the answer failed: {e}"))?
+    {
+        body.extend_from_slice(&chunk);
+        if body.len() > challenge.len() + 2 {
+            break;
+        }
+    }
+    if body != challenge.as_bytes() {
+        return Err("callback did not echo the challenge".into());
+    }
+    Ok(())
+}
+
+/// Tells the callback its request was refused (`hub.mode=denied`).
+async fn deny(fanout: &Fanout, request: &Request, reason: &str) {
+    let mut url = request.callback.clone();
+    url.query_pairs_mut()
+        .append_pair("hub.mode", "denied")
+        .append_pair("hub.topic", &request.topic)
+        .append_pair("hub.reason", reason);
+    tracing::info!(callback = %request.callback, topic = %request.topic, reason, "subscription denied");
+    if let Err(e) = fanout.client.get(url).send().await {
+        tracing::debug!(error = %e, "denial notice not delivered");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_ignores_unknown_parameters() {
+        let body = b"hub.mode=subscribe&hub.topic=http%3A%2F%2Fh%2Fchannels%2Fa%2Fchangelist.xml&hub.callback=http%3A%2F%2Fexample.com%2Fcb%3Fx%3D1&foo=bar&hub.foo=hub.bar&hub.lease_seconds=60";
+        let r = parse_request(body, false).unwrap();
+        assert_eq!(r.mode, Mode::Subscribe);
+        assert_eq!(r.topic, "http://h/channels/a/changelist.xml");
+        assert_eq!(r.callback.as_str(), "http://example.com/cb?x=1");
+        assert_eq!(r.lease_seconds, Some(60));
+        assert!(r.secret.is_none());
+    }
+
+    #[test]
+    fn refuses_bad_requests() {
+        let cases: &[&[u8]] = &[
+            b"hub.topic=t&hub.callback=http://example.com/",
+            b"hub.mode=watch&hub.topic=t&hub.callback=http://example.com/",
+            b"hub.mode=subscribe&hub.callback=http://example.com/",
+            b"hub.mode=subscribe&hub.topic=t",
+            b"hub.mode=subscribe&hub.topic=t&hub.callback=/relative",
+            b"hub.mode=subscribe&hub.topic=t&hub.callback=http://example.com/&hub.lease_seconds=-1",
+            b"hub.mode=subscribe&hub.topic=t&hub.callback=http://127.0.0.1/",
+        ];
+        for body in cases {
+            assert!(
+                parse_request(body, false).is_err(),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
+        let long = format!(
+            "hub.mode=subscribe&hub.topic=t&hub.callback=http://example.com/&hub.secret={}",
+            "s".repeat(200)
+        );
+        assert!(parse_request(long.as_bytes(), false).is_err());
+        let ok = format!(
+            "hub.mode=subscribe&hub.topic=t&hub.callback=http://example.com/&hub.secret={}",
+            "s".repeat(199)
+        );
+        assert!(parse_request(ok.as_bytes(), false).is_ok());
+    }
+}

@@ -1,0 +1,395 @@
+//! Ingest: `POST /channels/{name}/changes`, where sources push changes.
+//!
+//! The request is authenticated (bearer token of the channel) before its body is read, the
+//! body is read up to the configured limit, parsed as JSON (one change, an array, or
+//! `{"changes": […]}`), NDJSON or a ResourceSync Change List, and every change is validated.
+//! One bad change refuses the whole request (400 naming the change's index). Accepted changes
+//! are appended to the store and answered 202 only once durable. The batcher picks them up
+//! from the log; ingest never talks to subscribers.
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use time::OffsetDateTime;
+
+use crate::change::{parse_w3c_datetime, ChangeType, Link, NewChange};
+use crate::http::{ApiError, AppState};
+use crate::resourcesync;
+use crate::store::{IdempotencyKey, StoreError};
+
+/// Longest `Idempotency-Key` accepted.
+pub const MAX_IDEMPOTENCY_KEY: usize = 255;
+
+/// A change on the wire (JSON and NDJSON). Unknown fields are refused so that typos surface.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WireChange {
+    loc: String,
+    change: String,
+    #[serde(default)]
+    datetime: Option<String>,
+    #[serde(default)]
+    lastmod: Option<String>,
+    #[serde(default)]
+    hash: Option<String>,
+    #[serde(default)]
+    length: Option<u64>,
+    #[serde(default, rename = "type")]
+    media_type: Option<String>,
+    #[serde(default)]
+    links: Vec<Link>,
+}
+
+/// A refused body: the reason, and the index of the bad change when one is to blame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BodyError {
+    pub reason: String,
+    pub index: Option<usize>,
+}
+
+impl BodyError {
+    fn whole(reason: impl Into<String>) -> BodyError {
+        BodyError {
+            reason: reason.into(),
+            index: None,
+        }
+    }
+    fn at(index: usize, reason: impl Into<String>) -> BodyError {
+        BodyError {
+            reason: format!("change {index}: {}", reason.into()),
+            index: Some(index),
+        }
+    }
+}
+
+/// The body formats ingest understands, chosen by `Content-Type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Json,
+    NdJson,
+    Xml,
+}
+
+impl Format {
+    /// `None` for an unsupported media type. A missing `Content-Type` means JSON.
+    pub fn from_content_type(value: Option<&str>) -> Option<Format> {
+        let Some(value) = value else {
+            return Some(Format::Json);
+        };
+        let essence = value
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
+        match essence.as_str() {
+            "application/json" => Some(Format::Json),
+            "application/x-ndjson"
+            | "application/ndjson"
+            | "application/jsonl"
+            | "application/x-jsonlines"
+            | "application/jsonlines" => Some(Format::NdJson),
+            "application/xml" | "text/xml" => Some(Format::Xml),
+            e if e.ends_with("+json") => Some(Format::Json),
+            e if e.ends_with("+xml") => Some(Format::Xml),
+            _ => None,
+        }
+    }
+}
+
+fn convert(index: usize, value: serde_json::Value) -> Result<NewChange, BodyError> {
+    let wire: WireChange =
+        serde_json::from_value(value).map_err(|e| BodyError::at(index, e.to_string()))?;
+    let change = ChangeType::parse(&wire.change).ok_or_else(|| {
+        BodyError::at(
+            index,
+            format!(
+                "unknown change type {:?} (created, updated or deleted)",
+                wire.change
+            ),
+        )
+    })?;
+    let datetime = |field: &str, v: Option<String>| -> Result<_, BodyError> {
+        v.map(|s| parse_w3c_datetime(&s))
+            .transpose()
+            .map_err(|e| BodyError::at(index, format!("{field}: {e}")))
+    };
+    let new = NewChange {
+        loc: wire.loc,
+        change,
+        datetime: datetime("datetime", wire.datetime)?,
+        lastmod: datetime("lastmod", wire.lastmod)?,
+        hash: wire.hash,
+        length: wire.length,
+        media_type: wire.media_type,
+        links: wire.links,
+    };
+    new.validate()
+        .map_err(|e| BodyError::at(index, e.to_string()))?;
+    Ok(new)
+}
+
+/// Parses and validates an ingest body. Either every change is good, or nothing is returned.
+pub fn parse_body(
+    format: Format,
+    body: &[u8],
+    max_entries: usize,
+) -> Result<Vec<NewChange>, BodyError> {
+    let changes = match format {
+        Format::Json => {
+            let value: serde_json::Value = serde_json::from_slice(body)
+                .map_err(|e| BodyError::whole(format!("malformed JSON: {e}")))?;
+            let items = match value {
+                serde_json::Value::Array(items) => items,
+                serde_json::Value::Object(mut map) if map.contains_key("changes") => {
+                    if map.len() > 1 {
+                        return Err(BodyError::whole(
+                            "an object with \"changes\" may have no other fields",
+                        ));
+                    }
+                    match map.remove("changes") {
+                        Some(serde_json::Value::Array(items)) => items,
+                        _ => return Err(BodyError::whole("\"changes\" must be an array")),
+                    }
+                }
+                obj @ serde_json::Value::Object(_) => vec![obj],
+                _ => {
+                    return Err(BodyError::whole(
+                        "expected a change object, an array of changes or {\"changes\": [...]}",
+                    ))
+                }
+            };
+            if items.len() > max_entries {
+                return Err(BodyError::whole(format!("more than {max_entries} changes")));
+            }
+            items
+                .into_iter()
+                .enumerate()
+                .map(|(i, v)| convert(i, v))
+                .collect::<Result<Vec<_>, _>>()?
+        }
+        Format::NdJson => {
+            let text = std::str::from_utf8(body)
+                .map_err(|_| BodyError::whole("NDJSON body is not UTF-8"))?;
+            let mut out = Vec::new();
+            for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+                let index = out.len();
+                if index >= max_entries {
+                    return Err(BodyError::whole(format!("more than {max_entries} changes")));
+                }
+                let value: serde_json::Value = serde_json::from_str(line)
+                    .map_err(|e| BodyError::at(index, format!("malformed JSON: {e}")))?;
+                out.push(convert(index, value)?);
+            }
+            out
+        }
+        Format::Xml => {
+            let limits = resourcesync::Limits {
+                max_bytes: body.len().max(1),
+                max_entries,
+            };
+            let (_, entries) =
+                resourcesync::parse_change_list(body, &limits).map_err(|e| match e {
+                    resourcesync::ParseError::Entry { index, reason } => {
+                        BodyError::at(index, reason)
+                    }
+                    other => BodyError::whole(format!("invalid Change List: {other}")),
+                })?;
+            let mut out = Vec::with_capacity(entries.len());
+            for (index, entry) in entries.into_iter().enumerate() {
+                entry
+                    .change
+                    .validate()
+                    .map_err(|e| BodyError::at(index, e.to_string()))?;
+                out.push(entry.change);
+            }
+            out
+        }
+    };
+    if changes.is_empty() {
+        return Err(BodyError::whole("the body holds no changes"));
+    }
+    Ok(changes)
+}
+
+/// Checks `Authorization: Bearer <token>` against the channel's token, in constant time.
+pub fn check_bearer(headers: &HeaderMap, token: &str) -> Result<(), ApiError> {
+    let Some(value) = headers.get(http::header::AUTHORIZATION) else {
+        return Err(ApiError::unauthorized(
+            "missing Authorization: Bearer token",
+        ));
+    };
+    let given = value
+        .to_str()
+        .ok()
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim)
+        .ok_or_else(|| ApiError::unauthorized("Authorization must be a Bearer token"))?;
+    let equal = given.len() == token.len()
+        && given
+            .bytes()
+            .zip(token.bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0;
+    if !equal {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "wrong token for this channel",
+        ));
+    }
+    Ok(())
+}
+
+/// `POST /channels/{name}/changes`.
+pub async fn post_changes(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let channel = state
+        .config
+        .channels
+        .get(&name)
+        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("no channel {name:?}")))?;
+    check_bearer(&headers, &channel.token)?;
+
+    let content_type = headers
+        .get(http::header::CONTENT_TYPE)
+        .map(|v| v.to_str().unwrap_or("invalid"));
+    let format = Format::from_content_type(content_type).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "Content-Type must be application/json, application/x-ndjson or application/xml",
+        )
+    })?;
+    let idempotency_key = match headers.get("idempotency-key") {
+        None => None,
+        Some(v) => {
+            let key = v
+                .to_str()
+                .ok()
+                .filter(|k| !k.is_empty() && k.len() <= MAX_IDEMPOTENCY_KEY)
+                .ok_or_else(|| {
+                    ApiError::bad_request(format!(
+                        "Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} visible ASCII characters"
+                    ))
+                })?;
+            Some(key.to_string())
+        }
+    };
+
+    let max_body = state.config.max_body;
+    let bytes = axum::body::to_bytes(body, max_body).await.map_err(|_| {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("body larger than {max_body} bytes"),
+        )
+    })?;
+    let changes = parse_body(format, &bytes, 1_000_000).map_err(|e| ApiError {
+        index: e.index,
+        ..ApiError::bad_request(e.reason)
+    })?;
+
+    let idempotency = idempotency_key.map(|key| IdempotencyKey {
+        key,
+        fingerprint: {
+            let mut h = Sha256::new();
+            h.update(format!("{format:?}").as_bytes());
+            h.update(&bytes);
+            hex::encode(h.finalize())
+        },
+    });
+    let appended = state
+        .store
+        .append(&name, changes, idempotency, OffsetDateTime::now_utc())
+        .await
+        .map_err(|e| match e {
+            StoreError::IdempotencyConflict => {
+                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, e.to_string())
+            }
+            other => ApiError::from(other),
+        })?;
+    tracing::debug!(channel = %name, first = appended.first, last = appended.last, replayed = appended.replayed, "changes accepted");
+    let mut response = (
+        StatusCode::ACCEPTED,
+        Json(serde_json::json!({
+            "accepted": appended.accepted,
+            "first": appended.first,
+            "last": appended.last,
+        })),
+    )
+        .into_response();
+    if appended.replayed {
+        response.headers_mut().insert(
+            "idempotent-replayed",
+            http::HeaderValue::from_static("true"),
+        );
+    }
+    Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_shapes() {
+        let one = br#"{"loc":"http://e.com/a","change":"created"}"#;
+        let arr = br#"[{"loc":"http://e.com/a","change":"created"},{"loc":"http://e.com/b","change":"deleted","datetime":"2024-01-01"}]"#;
+        let env = br#"{"changes":[{"loc":"http://e.com/a","change":"updated","hash":"md5:00ff","length":3,"type":"text/plain","links":[{"rel":"alternate","href":"http://e.com/a.html","type":"text/html"}]}]}"#;
+        assert_eq!(parse_body(Format::Json, one, 10).unwrap().len(), 1);
+        assert_eq!(parse_body(Format::Json, arr, 10).unwrap().len(), 2);
+        let c = parse_body(Format::Json, env, 10).unwrap();
+        assert_eq!(c[0].links[0].attrs["type"], "text/html");
+    }
+
+    #[test]
+    fn bad_change_is_named_by_index() {
+        let arr = br#"[{"loc":"http://e.com/a","change":"created"},{"loc":"http://e.com/b","change":"moved"}]"#;
+        let e = parse_body(Format::Json, arr, 10).unwrap_err();
+        assert_eq!(e.index, Some(1));
+        assert!(e.reason.contains("moved"), "{}", e.reason);
+        let nd = b"{\"loc\":\"http://e.com/a\",\"change\":\"created\"}\n\n{\"loc\":\"rel\",\"change\":\"created\"}\n";
+        assert_eq!(
+            parse_body(Format::NdJson, nd, 10).unwrap_err().index,
+            Some(1)
+        );
+        let unknown = br#"{"loc":"http://e.com/a","change":"created","colour":"red"}"#;
+        assert_eq!(
+            parse_body(Format::Json, unknown, 10).unwrap_err().index,
+            Some(0)
+        );
+        assert!(parse_body(Format::Json, b"[]", 10).is_err());
+        assert!(parse_body(Format::Json, b"{", 10)
+            .unwrap_err()
+            .index
+            .is_none());
+        assert!(parse_body(Format::Json, b"42", 10).is_err());
+    }
+
+    #[test]
+    fn content_types() {
+        assert_eq!(Format::from_content_type(None), Some(Format::Json));
+        assert_eq!(
+            Format::from_content_type(Some("application/json; charset=utf-8")),
+            Some(Format::Json)
+        );
+        assert_eq!(
+            Format::from_content_type(Some("application/x-ndjson")),
+            Some(Format::NdJson)
+        );
+        assert_eq!(
+            Format::from_content_type(Some("text/xml")),
+            Some(Format::Xml)
+        );
+        assert_eq!(Format::from_content_type(Some("text/plain")), None);
+    }
+}

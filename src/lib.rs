@@ -1,0 +1,162 @@
+//! changehub: a ResourceSync change-notification hub.
+//!
+//! Data flows one way, and the modules follow it:
+//!
+//! ```text
+//! source ──POST──▶ ingest ──append──▶ store (the log) ──head──▶ batcher ──notification──▶ fanout ──POST──▶ callbacks
+//!                                        ▲                                                   (websub, delivery)
+//!                                        └──────────────── catchup (changelist.xml, changes?after=) ◀── anyone
+//! ```
+//!
+//! - [`change`]: the change model and its validation.
+//! - [`resourcesync`]: ResourceSync documents, written and parsed; no HTTP.
+//! - [`ingest`]: `POST /channels/{name}/changes`.
+//! - [`store`]: the [`store::Store`] trait and its engines (embedded redb).
+//! - [`batcher`]: cuts the log into notifications per channel.
+//! - [`fanout`]: WebSub subscriptions, verification, signed delivery with retries.
+//! - [`catchup`]: the documents subscribers pull to catch up, and discovery.
+//! - [`http`]: state, router, errors, health.
+//! - [`config`]: `changehub serve` settings.
+//!
+//! [`run`] is the one entry point, shared by the binary and the tests: it serves on a listener
+//! until the `shutdown` future completes, then flushes the batchers and stops every task.
+
+pub mod batcher;
+pub mod catchup;
+pub mod change;
+pub mod config;
+pub mod fanout;
+pub mod http;
+pub mod ingest;
+pub mod resourcesync;
+pub mod store;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::batcher::ChannelFeed;
+use crate::config::{Config, StoreConfig};
+use crate::store::{EmbeddedStore, Store, StoreError};
+
+/// How long shutdown waits for background tasks before giving up on them.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+    #[error(
+        "the Redis store is not available in this build yet; use the embedded store (--data-dir)"
+    )]
+    RedisUnsupported,
+    #[error("server: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Opens the configured store.
+pub fn open_store(config: &Config) -> Result<Arc<dyn Store>, Error> {
+    match &config.store {
+        StoreConfig::Embedded { data_dir } => Ok(Arc::new(EmbeddedStore::open(data_dir)?)),
+        StoreConfig::Redis { .. } => Err(Error::RedisUnsupported),
+    }
+}
+
+/// Runs the hub on `listener` until `shutdown` completes.
+pub async fn run(
+    listener: TcpListener,
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
+    let config = Arc::new(config);
+    let store = open_store(&config)?;
+    let tasks = TaskTracker::new();
+    let cancel = CancellationToken::new();
+
+    let feeds: Arc<BTreeMap<String, Arc<ChannelFeed>>> = Arc::new(
+        config
+            .channels
+            .keys()
+            .map(|name| (name.clone(), Arc::new(ChannelFeed::new(name))))
+            .collect(),
+    );
+    // Batchers get their own token: they must flush after the server stops taking changes
+    // and before the store goes away.
+    let batchers = TaskTracker::new();
+    let batcher_cancel = CancellationToken::new();
+    for feed in feeds.values() {
+        let batcher = batcher::Batcher::new(feed.clone(), store.clone(), config.clone());
+        batchers.spawn(batcher.run(batcher_cancel.clone()));
+    }
+
+    let fanout = fanout::Fanout::new(
+        config.clone(),
+        store.clone(),
+        feeds.clone(),
+        tasks.clone(),
+        cancel.clone(),
+    );
+    let resumed = fanout.resume().await?;
+    tasks.spawn(trim_loop(store.clone(), config.clone(), cancel.clone()));
+
+    let state = http::AppState {
+        config: config.clone(),
+        store: store.clone(),
+        feeds,
+        fanout,
+        tasks: tasks.clone(),
+    };
+    let app = http::router(state);
+    tracing::info!(
+        listen = %listener.local_addr()?,
+        public_url = %config.public_url,
+        channels = config.channels.len(),
+        subscriptions = resumed,
+        "changehub serving"
+    );
+    let served = axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await;
+
+    tracing::info!("shutting down: flushing batches");
+    batcher_cancel.cancel();
+    batchers.close();
+    if tokio::time::timeout(SHUTDOWN_GRACE, batchers.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!("batchers did not finish in time");
+    }
+    cancel.cancel();
+    tasks.close();
+    if tokio::time::timeout(SHUTDOWN_GRACE, tasks.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!("background tasks did not finish in time");
+    }
+    served?;
+    Ok(())
+}
+
+async fn trim_loop(store: Arc<dyn Store>, config: Arc<Config>, cancel: CancellationToken) {
+    let mut interval = tokio::time::interval(config.trim_interval);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = interval.tick() => {}
+        }
+        for channel in config.channels.values() {
+            let now = time::OffsetDateTime::now_utc();
+            match store.trim(&channel.name, channel.retention, now).await {
+                Ok(0) => {}
+                Ok(n) => tracing::debug!(channel = %channel.name, removed = n, "retention applied"),
+                Err(e) => tracing::warn!(channel = %channel.name, error = %e, "retention failed"),
+            }
+        }
+    }
+}

@@ -1,0 +1,344 @@
+//! The writers: each document is rendered straight into one pre-sized `Vec<u8>`.
+//!
+//! Layout of every document (two-space indentation, one element per line):
+//!
+//! ```text
+//! <?xml version="1.0" encoding="UTF-8"?>
+//! <urlset xmlns="…sitemap…" xmlns:rs="…rs…" xmlns:ch="…hub…">
+//!   <rs:md capability="…" …/>
+//!   <rs:ln rel="…" href="…"/>
+//!   <url>
+//!     <loc>…</loc>
+//!     …
+//!   </url>
+//! </urlset>
+//! ```
+
+use time::OffsetDateTime;
+
+use super::{Capability, ChangeListHeader, DocLink, IndexEntry, HUB_NS, RS_NS, SITEMAP_NS};
+use crate::change::{format_datetime, Change, Link};
+
+const XML_DECL: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
+
+/// Renders a Change List (`<urlset>`, `<rs:md capability="changelist" from=.. [until=..]>`),
+/// entries in the order given (which must be forward chronological order).
+///
+/// Each change becomes `<url>` with `<loc>`, `<lastmod>` (its `lastmod`, else its
+/// `datetime`), `<rs:md change datetime [hash] [length] [type] ch:seq/>` and one `<rs:ln>` per
+/// link (`rel`, `href`, then the link's other attributes in name order).
+pub fn write_change_list(header: &ChangeListHeader, changes: &[Change]) -> Vec<u8> {
+    let estimate: usize = changes.iter().map(estimate_change).sum();
+    let mut out = Out::with_capacity(512 + header_size(header) + estimate);
+    out.open_root("urlset", true);
+    let from = header.from.or_else(|| changes.first().map(|c| c.datetime));
+    out.header_md("changelist", from, header);
+    out.doc_links(&header.links);
+    for change in changes {
+        out.change(change);
+    }
+    out.raw("</urlset>\n");
+    out.buf
+}
+
+/// Renders a Change List Index (`<sitemapindex>`, `<rs:md capability="changelist" from=..
+/// [until=..]>`), each `<sitemap>` with `<loc>` and `<rs:md from=.. [until=..]>` (the `rs:md`
+/// is left out when an entry has neither).
+pub fn write_change_list_index(header: &ChangeListHeader, entries: &[IndexEntry]) -> Vec<u8> {
+    let estimate: usize = entries.iter().map(|e| 160 + e.loc.len()).sum();
+    let mut out = Out::with_capacity(512 + header_size(header) + estimate);
+    out.open_root("sitemapindex", true);
+    let from = header.from.or_else(|| entries.first().and_then(|e| e.from));
+    out.header_md("changelist", from, header);
+    out.doc_links(&header.links);
+    for entry in entries {
+        out.raw("  <sitemap>\n    <loc>");
+        out.text(&entry.loc);
+        out.raw("</loc>\n");
+        if entry.from.is_some() || entry.until.is_some() {
+            out.raw("    <rs:md");
+            out.opt_datetime_attr("from", entry.from);
+            out.opt_datetime_attr("until", entry.until);
+            out.raw("/>\n");
+        }
+        out.raw("  </sitemap>\n");
+    }
+    out.raw("</sitemapindex>\n");
+    out.buf
+}
+
+/// Renders a Capability List: `<urlset>`, `<rs:md capability="capabilitylist"/>`, the `links`
+/// in the order given (the spec requires `rel="up"` to the Source Description; the hub adds
+/// `rel="hub"`), then one `<url><loc/><rs:md capability="…"/></url>` per capability.
+pub fn write_capability_list(links: &[DocLink], caps: &[Capability]) -> Vec<u8> {
+    let estimate: usize = caps
+        .iter()
+        .map(|c| 80 + c.loc.len() + c.capability.len())
+        .sum();
+    let mut out = Out::with_capacity(512 + links_size(links) + estimate);
+    out.open_root("urlset", false);
+    out.raw("  <rs:md capability=\"capabilitylist\"/>\n");
+    out.doc_links(links);
+    for cap in caps {
+        out.url_with_capability(&cap.loc, &cap.capability);
+    }
+    out.raw("</urlset>\n");
+    out.buf
+}
+
+/// Renders a Source Description: `<urlset>`, `<rs:md capability="description"/>`, the `links`
+/// in the order given, then one `<url><loc>…</loc><rs:md capability="capabilitylist"/></url>`
+/// per Capability List.
+pub fn write_source_description(links: &[DocLink], capability_lists: &[String]) -> Vec<u8> {
+    let estimate: usize = capability_lists.iter().map(|l| 96 + l.len()).sum();
+    let mut out = Out::with_capacity(512 + links_size(links) + estimate);
+    out.open_root("urlset", false);
+    out.raw("  <rs:md capability=\"description\"/>\n");
+    out.doc_links(links);
+    for loc in capability_lists {
+        out.url_with_capability(loc, "capabilitylist");
+    }
+    out.raw("</urlset>\n");
+    out.buf
+}
+
+fn links_size(links: &[DocLink]) -> usize {
+    links.iter().map(|l| 32 + l.rel.len() + l.href.len()).sum()
+}
+
+fn header_size(header: &ChangeListHeader) -> usize {
+    links_size(&header.links)
+}
+
+/// A generous guess of the bytes one change takes, so that the buffer is allocated once.
+fn estimate_change(c: &Change) -> usize {
+    let links: usize = c
+        .links
+        .iter()
+        .map(|l| {
+            40 + l.rel.len()
+                + l.href.len()
+                + l.attrs
+                    .iter()
+                    .map(|(k, v)| 4 + k.len() + v.len())
+                    .sum::<usize>()
+        })
+        .sum();
+    // Fixed markup: ~190 bytes with two datetimes, a length and a seq.
+    256 + c.loc.len()
+        + c.hash.as_ref().map_or(0, |h| 8 + h.len())
+        + c.media_type.as_ref().map_or(0, |t| 8 + t.len())
+        + links
+}
+
+struct Out {
+    buf: Vec<u8>,
+}
+
+impl Out {
+    fn with_capacity(capacity: usize) -> Out {
+        let mut buf = Vec::with_capacity(capacity);
+        buf.extend_from_slice(XML_DECL.as_bytes());
+        Out { buf }
+    }
+
+    #[inline]
+    fn raw(&mut self, s: &str) {
+        self.buf.extend_from_slice(s.as_bytes());
+    }
+
+    #[inline]
+    fn text(&mut self, s: &str) {
+        escape_into(&mut self.buf, s);
+    }
+
+    fn open_root(&mut self, name: &str, hub_ns: bool) {
+        self.raw("<");
+        self.raw(name);
+        self.raw(" xmlns=\"");
+        self.raw(SITEMAP_NS);
+        self.raw("\" xmlns:rs=\"");
+        self.raw(RS_NS);
+        if hub_ns {
+            self.raw("\" xmlns:ch=\"");
+            self.raw(HUB_NS);
+        }
+        self.raw("\">\n");
+    }
+
+    /// ` name="value"` with the value escaped.
+    #[inline]
+    fn attr(&mut self, name: &str, value: &str) {
+        self.raw(" ");
+        self.raw(name);
+        self.raw("=\"");
+        self.text(value);
+        self.raw("\"");
+    }
+
+    #[inline]
+    fn datetime_attr(&mut self, name: &str, dt: OffsetDateTime) {
+        self.raw(" ");
+        self.raw(name);
+        self.raw("=\"");
+        // format_datetime only produces digits, '-', ':', 'T', '.', 'Z': nothing to escape.
+        self.raw(&format_datetime(dt));
+        self.raw("\"");
+    }
+
+    fn opt_datetime_attr(&mut self, name: &str, dt: Option<OffsetDateTime>) {
+        if let Some(dt) = dt {
+            self.datetime_attr(name, dt);
+        }
+    }
+
+    #[inline]
+    fn u64_attr(&mut self, name: &str, n: u64) {
+        self.raw(" ");
+        self.raw(name);
+        self.raw("=\"");
+        push_u64(&mut self.buf, n);
+        self.raw("\"");
+    }
+
+    fn header_md(
+        &mut self,
+        capability: &str,
+        from: Option<OffsetDateTime>,
+        header: &ChangeListHeader,
+    ) {
+        self.raw("  <rs:md");
+        self.attr("capability", capability);
+        self.opt_datetime_attr("from", from);
+        self.opt_datetime_attr("until", header.until);
+        if let Some((first, last)) = header.seq_range {
+            self.u64_attr("ch:first", first);
+            self.u64_attr("ch:last", last);
+        }
+        self.raw("/>\n");
+    }
+
+    fn doc_links(&mut self, links: &[DocLink]) {
+        for link in links {
+            self.raw("  <rs:ln");
+            self.attr("rel", &link.rel);
+            self.attr("href", &link.href);
+            self.raw("/>\n");
+        }
+    }
+
+    fn url_with_capability(&mut self, loc: &str, capability: &str) {
+        self.raw("  <url>\n    <loc>");
+        self.text(loc);
+        self.raw("</loc>\n    <rs:md");
+        self.attr("capability", capability);
+        self.raw("/>\n  </url>\n");
+    }
+
+    fn change(&mut self, c: &Change) {
+        self.raw("  <url>\n    <loc>");
+        self.text(&c.loc);
+        self.raw("</loc>\n    <lastmod>");
+        self.raw(&format_datetime(c.lastmod.unwrap_or(c.datetime)));
+        self.raw("</lastmod>\n    <rs:md");
+        self.attr("change", c.change.as_str());
+        self.datetime_attr("datetime", c.datetime);
+        if let Some(hash) = &c.hash {
+            self.attr("hash", hash);
+        }
+        if let Some(length) = c.length {
+            self.u64_attr("length", length);
+        }
+        if let Some(media_type) = &c.media_type {
+            self.attr("type", media_type);
+        }
+        self.u64_attr("ch:seq", c.seq);
+        self.raw("/>\n");
+        for link in &c.links {
+            self.link(link);
+        }
+        self.raw("  </url>\n");
+    }
+
+    fn link(&mut self, link: &Link) {
+        self.raw("    <rs:ln");
+        self.attr("rel", &link.rel);
+        self.attr("href", &link.href);
+        for (name, value) in &link.attrs {
+            // Validation only lets plain names through; anything else (which would break the
+            // markup, duplicate rel/href or declare a namespace) is dropped, never written.
+            if is_plain_attr_name(name) {
+                self.attr(name, value);
+            }
+        }
+        self.raw("/>\n");
+    }
+}
+
+/// A name that is safe to write as an unprefixed attribute of `<rs:ln>`: an XML name without
+/// `:`, not `rel`/`href` (written already) and not reserved (`xml…`, which includes `xmlns`).
+fn is_plain_attr_name(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    matches!(bytes.first(), Some(b) if b.is_ascii_alphabetic() || *b == b'_')
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && name != "rel"
+        && name != "href"
+        && !name.get(..3).is_some_and(|p| p.eq_ignore_ascii_case("xml"))
+}
+
+/// Appends `s` escaped for XML text and attribute values (both quotes included).
+///
+/// `\t`, `\n` and `\r` become character references so that attribute-value normalisation and
+/// end-of-line handling give them back unchanged; the characters XML 1.0 cannot carry at all
+/// (other C0 controls, U+FFFE, U+FFFF) become U+FFFD.
+pub(crate) fn escape_into(buf: &mut Vec<u8>, s: &str) {
+    const REPLACEMENT: &[u8] = "\u{FFFD}".as_bytes();
+    let bytes = s.as_bytes();
+    let mut copied = 0;
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        let (replacement, len): (&[u8], usize) = match b {
+            b'&' => (b"&amp;", 1),
+            b'<' => (b"&lt;", 1),
+            b'>' => (b"&gt;", 1),
+            b'"' => (b"&quot;", 1),
+            b'\'' => (b"&apos;", 1),
+            b'\t' => (b"&#9;", 1),
+            b'\n' => (b"&#10;", 1),
+            b'\r' => (b"&#13;", 1),
+            0..=0x1f => (REPLACEMENT, 1),
+            // U+FFFE and U+FFFF are EF BF BE / EF BF BF in UTF-8.
+            0xEF if bytes.get(i + 1) == Some(&0xBF)
+                && matches!(bytes.get(i + 2), Some(0xBE | 0xBF)) =>
+            {
+                (REPLACEMENT, 3)
+            }
+            _ => {
+                i += 1;
+                continue;
+            }
+        };
+        buf.extend_from_slice(&bytes[copied..i]);
+        buf.extend_from_slice(replacement);
+        i += len;
+        copied = i;
+    }
+    buf.extend_from_slice(&bytes[copied..]);
+}
+
+fn push_u64(buf: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    buf.extend_from_slice(&digits[at..]);
+}

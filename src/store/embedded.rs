@@ -1,0 +1,509 @@
+//! The embedded store: one redb file in the data folder, crash-safe (copy-on-write B-trees,
+//! fsync on commit), no server to install.
+//!
+//! Appends go through one writer thread that takes every append waiting in its queue and
+//! commits them in one write transaction (group commit): concurrent sources share an fsync.
+//! Other writes (subscriptions, delivery state, trimming) use their own short transactions.
+//! Delivery state is committed without fsync ([`Durability::None`]): it becomes durable with the
+//! next durable commit, and losing it in a crash only means a notification is delivered again —
+//! which at-least-once delivery allows.
+
+use async_trait::async_trait;
+use redb::{
+    Database, Durability, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction,
+};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use time::OffsetDateTime;
+use tokio::sync::{mpsc, oneshot, watch};
+
+use super::{
+    Appended, ChannelHead, DeliveryState, IdempotencyKey, Store, StoreError, Subscription,
+    IDEMPOTENCY_TTL,
+};
+use crate::change::{Change, NewChange};
+use crate::config::Retention;
+
+const CHANGES: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("changes");
+const CHANNELS: TableDefinition<&str, &[u8]> = TableDefinition::new("channels");
+const IDEMPOTENCY: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("idempotency");
+const SUBSCRIPTIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("subscriptions");
+const DELIVERY: TableDefinition<&str, &[u8]> = TableDefinition::new("delivery");
+
+/// Most appends committed in one transaction.
+const MAX_GROUP: usize = 256;
+
+/// Per-channel bookkeeping kept beside the log.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct ChannelMeta {
+    oldest: u64,
+    last: u64,
+    #[serde(default, with = "time::serde::rfc3339::option")]
+    last_datetime: Option<OffsetDateTime>,
+}
+
+impl Default for ChannelMeta {
+    fn default() -> Self {
+        ChannelMeta {
+            oldest: 1,
+            last: 0,
+            last_datetime: None,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct IdempotencyRecord {
+    fingerprint: String,
+    appended: Appended,
+    #[serde(with = "time::serde::rfc3339")]
+    at: OffsetDateTime,
+}
+
+struct AppendJob {
+    channel: String,
+    changes: Vec<NewChange>,
+    idempotency: Option<IdempotencyKey>,
+    now: OffsetDateTime,
+    reply: oneshot::Sender<Result<Appended, StoreError>>,
+}
+
+pub struct EmbeddedStore {
+    db: Arc<Database>,
+    appends: mpsc::UnboundedSender<AppendJob>,
+    heads: Arc<Mutex<HashMap<String, watch::Sender<u64>>>>,
+}
+
+fn unavailable(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Unavailable(e.to_string())
+}
+
+fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, StoreError> {
+    serde_json::to_vec(value).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, StoreError> {
+    serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+impl EmbeddedStore {
+    /// Opens (or creates) the store in `dir`.
+    pub fn open(dir: &Path) -> Result<EmbeddedStore, StoreError> {
+        std::fs::create_dir_all(dir).map_err(unavailable)?;
+        let db = Database::create(dir.join("changehub.redb")).map_err(unavailable)?;
+        let txn = db.begin_write().map_err(unavailable)?;
+        {
+            // Create every table so that readers never meet a missing one.
+            txn.open_table(CHANGES).map_err(unavailable)?;
+            txn.open_table(CHANNELS).map_err(unavailable)?;
+            txn.open_table(IDEMPOTENCY).map_err(unavailable)?;
+            txn.open_table(SUBSCRIPTIONS).map_err(unavailable)?;
+            txn.open_table(DELIVERY).map_err(unavailable)?;
+        }
+        txn.commit().map_err(unavailable)?;
+
+        let db = Arc::new(db);
+        let heads: Arc<Mutex<HashMap<String, watch::Sender<u64>>>> = Arc::default();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let writer_db = db.clone();
+        let writer_heads = heads.clone();
+        std::thread::Builder::new()
+            .name("changehub-writer".into())
+            .spawn(move || writer_loop(writer_db, rx, writer_heads))
+            .map_err(unavailable)?;
+        Ok(EmbeddedStore {
+            db,
+            appends: tx,
+            heads,
+        })
+    }
+
+    /// Runs `f` on a blocking thread with the database.
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Database) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let db = self.db.clone();
+        tokio::task::spawn_blocking(move || f(&db))
+            .await
+            .map_err(unavailable)?
+    }
+}
+
+fn channel_meta(db: &Database, channel: &str) -> Result<ChannelMeta, StoreError> {
+    let txn = db.begin_read().map_err(unavailable)?;
+    let table = txn.open_table(CHANNELS).map_err(unavailable)?;
+    match table.get(channel).map_err(unavailable)? {
+        Some(v) => decode(v.value()),
+        None => Ok(ChannelMeta::default()),
+    }
+}
+
+/// The writer thread: takes every waiting append, commits them together, answers each.
+fn writer_loop(
+    db: Arc<Database>,
+    mut rx: mpsc::UnboundedReceiver<AppendJob>,
+    heads: Arc<Mutex<HashMap<String, watch::Sender<u64>>>>,
+) {
+    while let Some(first) = rx.blocking_recv() {
+        let mut jobs = vec![first];
+        while jobs.len() < MAX_GROUP {
+            match rx.try_recv() {
+                Ok(job) => jobs.push(job),
+                Err(_) => break,
+            }
+        }
+        let mut results = Vec::with_capacity(jobs.len());
+        let outcome = (|| -> Result<HashMap<String, u64>, StoreError> {
+            let txn = db.begin_write().map_err(unavailable)?;
+            let mut new_heads = HashMap::new();
+            for job in &mut jobs {
+                let changes = std::mem::take(&mut job.changes);
+                let result = append_in(&txn, job, changes);
+                match &result {
+                    Ok(a) if !a.replayed => {
+                        new_heads.insert(job.channel.clone(), a.last);
+                    }
+                    Err(StoreError::IdempotencyConflict) | Ok(_) => {}
+                    Err(e) => return Err(unavailable(e)),
+                }
+                results.push(result);
+            }
+            txn.commit().map_err(unavailable)?;
+            Ok(new_heads)
+        })();
+        match outcome {
+            Ok(new_heads) => {
+                {
+                    let heads = heads.lock().unwrap_or_else(|e| e.into_inner());
+                    for (channel, last) in new_heads {
+                        if let Some(tx) = heads.get(&channel) {
+                            tx.send_replace(last);
+                        }
+                    }
+                }
+                for (job, result) in jobs.into_iter().zip(results) {
+                    let _ = job.reply.send(result);
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "append transaction failed");
+                for job in jobs {
+                    let _ = job.reply.send(Err(unavailable(&e)));
+                }
+            }
+        }
+    }
+}
+
+fn append_in(
+    txn: &WriteTransaction,
+    job: &AppendJob,
+    changes: Vec<NewChange>,
+) -> Result<Appended, StoreError> {
+    let channel = job.channel.as_str();
+    let mut idem = txn.open_table(IDEMPOTENCY).map_err(unavailable)?;
+    if let Some(key) = &job.idempotency {
+        if let Some(v) = idem.get((channel, key.key.as_str())).map_err(unavailable)? {
+            let record: IdempotencyRecord = decode(v.value())?;
+            if record.at + IDEMPOTENCY_TTL > job.now {
+                if record.fingerprint != key.fingerprint {
+                    return Err(StoreError::IdempotencyConflict);
+                }
+                return Ok(Appended {
+                    replayed: true,
+                    ..record.appended
+                });
+            }
+        }
+    }
+    let mut meta_table = txn.open_table(CHANNELS).map_err(unavailable)?;
+    let mut meta = match meta_table.get(channel).map_err(unavailable)? {
+        Some(v) => decode::<ChannelMeta>(v.value())?,
+        None => ChannelMeta::default(),
+    };
+    let mut log = txn.open_table(CHANGES).map_err(unavailable)?;
+    let first = meta.last + 1;
+    let accepted = changes.len();
+    for new in changes {
+        let seq = meta.last + 1;
+        let wanted = new.datetime.unwrap_or(job.now);
+        let datetime = match meta.last_datetime {
+            Some(latest) if latest > wanted => latest,
+            _ => wanted,
+        };
+        let change = Change::from_new(seq, new, datetime);
+        log.insert((channel, seq), encode(&change)?.as_slice())
+            .map_err(unavailable)?;
+        meta.last = seq;
+        meta.last_datetime = Some(datetime);
+    }
+    meta_table
+        .insert(channel, encode(&meta)?.as_slice())
+        .map_err(unavailable)?;
+    let appended = Appended {
+        accepted,
+        first,
+        last: meta.last,
+        replayed: false,
+    };
+    if let Some(key) = &job.idempotency {
+        let record = IdempotencyRecord {
+            fingerprint: key.fingerprint.clone(),
+            appended,
+            at: job.now,
+        };
+        idem.insert((channel, key.key.as_str()), encode(&record)?.as_slice())
+            .map_err(unavailable)?;
+    }
+    Ok(appended)
+}
+
+fn read_range(
+    db: &Database,
+    channel: &str,
+    from: u64,
+    limit: usize,
+) -> Result<Vec<Change>, StoreError> {
+    let txn = db.begin_read().map_err(unavailable)?;
+    let table = txn.open_table(CHANGES).map_err(unavailable)?;
+    let mut out = Vec::with_capacity(limit.min(50_000));
+    for entry in table
+        .range((channel, from)..=(channel, u64::MAX))
+        .map_err(unavailable)?
+        .take(limit)
+    {
+        let (_, v) = entry.map_err(unavailable)?;
+        out.push(decode(v.value())?);
+    }
+    Ok(out)
+}
+
+#[async_trait]
+impl Store for EmbeddedStore {
+    async fn append(
+        &self,
+        channel: &str,
+        changes: Vec<NewChange>,
+        idempotency: Option<IdempotencyKey>,
+        now: OffsetDateTime,
+    ) -> Result<Appended, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        self.appends
+            .send(AppendJob {
+                channel: channel.to_string(),
+                changes,
+                idempotency,
+                now,
+                reply,
+            })
+            .map_err(|_| StoreError::Unavailable("writer stopped".into()))?;
+        answer
+            .await
+            .map_err(|_| StoreError::Unavailable("writer stopped".into()))?
+    }
+
+    async fn read(
+        &self,
+        channel: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<Change>, StoreError> {
+        let channel = channel.to_string();
+        self.blocking(move |db| read_range(db, &channel, after.saturating_add(1), limit))
+            .await
+    }
+
+    async fn read_newest(&self, channel: &str, limit: usize) -> Result<Vec<Change>, StoreError> {
+        let channel = channel.to_string();
+        self.blocking(move |db| {
+            let meta = channel_meta(db, &channel)?;
+            let from = meta
+                .last
+                .saturating_sub(limit as u64)
+                .saturating_add(1)
+                .max(meta.oldest);
+            read_range(db, &channel, from, limit)
+        })
+        .await
+    }
+
+    async fn head(&self, channel: &str) -> Result<ChannelHead, StoreError> {
+        let channel = channel.to_string();
+        self.blocking(move |db| {
+            let meta = channel_meta(db, &channel)?;
+            Ok(ChannelHead {
+                oldest: meta.oldest,
+                last: meta.last,
+            })
+        })
+        .await
+    }
+
+    fn watch_head(&self, channel: &str) -> watch::Receiver<u64> {
+        let mut heads = self.heads.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(tx) = heads.get(channel) {
+            return tx.subscribe();
+        }
+        // Created under the lock, so the writer cannot publish a head we then miss.
+        let last = channel_meta(&self.db, channel).map(|m| m.last).unwrap_or(0);
+        let (tx, rx) = watch::channel(last);
+        heads.insert(channel.to_string(), tx);
+        rx
+    }
+
+    async fn trim(
+        &self,
+        channel: &str,
+        retention: Retention,
+        now: OffsetDateTime,
+    ) -> Result<u64, StoreError> {
+        let channel = channel.to_string();
+        self.blocking(move |db| {
+            let txn = db.begin_write().map_err(unavailable)?;
+            let removed;
+            {
+                let mut meta_table = txn.open_table(CHANNELS).map_err(unavailable)?;
+                let mut meta = match meta_table.get(channel.as_str()).map_err(unavailable)? {
+                    Some(v) => decode::<ChannelMeta>(v.value())?,
+                    None => ChannelMeta::default(),
+                };
+                let mut log = txn.open_table(CHANGES).map_err(unavailable)?;
+                let retained = (meta.last + 1).saturating_sub(meta.oldest);
+                let mut new_oldest = meta.oldest + retained.saturating_sub(retention.max_changes);
+                if let Some(age) = retention.max_age {
+                    let cutoff = now - age;
+                    // Walk forward past changes older than the cutoff; keep the newest.
+                    for entry in log
+                        .range((channel.as_str(), new_oldest)..(channel.as_str(), meta.last))
+                        .map_err(unavailable)?
+                    {
+                        let (k, v) = entry.map_err(unavailable)?;
+                        let change: Change = decode(v.value())?;
+                        if change.datetime >= cutoff {
+                            break;
+                        }
+                        new_oldest = k.value().1 + 1;
+                    }
+                }
+                removed = new_oldest - meta.oldest;
+                for seq in meta.oldest..new_oldest {
+                    log.remove((channel.as_str(), seq)).map_err(unavailable)?;
+                }
+                if removed > 0 {
+                    meta.oldest = new_oldest;
+                    meta_table
+                        .insert(channel.as_str(), encode(&meta)?.as_slice())
+                        .map_err(unavailable)?;
+                }
+
+                let mut idem = txn.open_table(IDEMPOTENCY).map_err(unavailable)?;
+                let mut expired = Vec::new();
+                for entry in idem.range((channel.as_str(), "")..).map_err(unavailable)? {
+                    let (k, v) = entry.map_err(unavailable)?;
+                    let (ch, key) = k.value();
+                    if ch != channel {
+                        break;
+                    }
+                    let record: IdempotencyRecord = decode(v.value())?;
+                    if record.at + IDEMPOTENCY_TTL <= now {
+                        expired.push(key.to_string());
+                    }
+                }
+                for key in expired {
+                    idem.remove((channel.as_str(), key.as_str()))
+                        .map_err(unavailable)?;
+                }
+            }
+            txn.commit().map_err(unavailable)?;
+            Ok(removed)
+        })
+        .await
+    }
+
+    async fn put_subscription(&self, sub: &Subscription) -> Result<(), StoreError> {
+        let id = sub.id.clone();
+        let bytes = encode(sub)?;
+        self.blocking(move |db| {
+            let txn = db.begin_write().map_err(unavailable)?;
+            txn.open_table(SUBSCRIPTIONS)
+                .map_err(unavailable)?
+                .insert(id.as_str(), bytes.as_slice())
+                .map_err(unavailable)?;
+            txn.commit().map_err(unavailable)
+        })
+        .await
+    }
+
+    async fn delete_subscription(&self, id: &str) -> Result<bool, StoreError> {
+        let id = id.to_string();
+        self.blocking(move |db| {
+            let txn = db.begin_write().map_err(unavailable)?;
+            let existed = txn
+                .open_table(SUBSCRIPTIONS)
+                .map_err(unavailable)?
+                .remove(id.as_str())
+                .map_err(unavailable)?
+                .is_some();
+            txn.open_table(DELIVERY)
+                .map_err(unavailable)?
+                .remove(id.as_str())
+                .map_err(unavailable)?;
+            txn.commit().map_err(unavailable)?;
+            Ok(existed)
+        })
+        .await
+    }
+
+    async fn subscriptions(&self) -> Result<Vec<Subscription>, StoreError> {
+        self.blocking(|db| {
+            let txn = db.begin_read().map_err(unavailable)?;
+            let table = txn.open_table(SUBSCRIPTIONS).map_err(unavailable)?;
+            let mut out = Vec::new();
+            for entry in table.iter().map_err(unavailable)? {
+                let (_, v) = entry.map_err(unavailable)?;
+                out.push(decode(v.value())?);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn put_delivery(&self, sub_id: &str, state: &DeliveryState) -> Result<(), StoreError> {
+        let id = sub_id.to_string();
+        let bytes = encode(state)?;
+        self.blocking(move |db| {
+            let mut txn = db.begin_write().map_err(unavailable)?;
+            txn.set_durability(Durability::None).map_err(unavailable)?;
+            txn.open_table(DELIVERY)
+                .map_err(unavailable)?
+                .insert(id.as_str(), bytes.as_slice())
+                .map_err(unavailable)?;
+            txn.commit().map_err(unavailable)
+        })
+        .await
+    }
+
+    async fn delivery(&self, sub_id: &str) -> Result<Option<DeliveryState>, StoreError> {
+        let id = sub_id.to_string();
+        self.blocking(move |db| {
+            let txn = db.begin_read().map_err(unavailable)?;
+            let table = txn.open_table(DELIVERY).map_err(unavailable)?;
+            match table.get(id.as_str()).map_err(unavailable)? {
+                Some(v) => decode(v.value()).map(Some),
+                None => Ok(None),
+            }
+        })
+        .await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.blocking(|db| {
+            db.begin_read().map_err(unavailable)?;
+            Ok(())
+        })
+        .await
+    }
+}

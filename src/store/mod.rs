@@ -1,0 +1,173 @@
+//! The store: the durable replay log of every channel, the subscriptions and their delivery
+//! state, and idempotency keys — one trait, [`Store`], with an implementation per engine,
+//! chosen at start-up.
+//!
+//! The trait is shaped after Redis Streams: a channel's log is an append-only sequence whose
+//! entry ids are the seqs (1, 2, 3, … without gaps); appends assign seqs atomically and are
+//! durable when they return; reads are ranges by seq; retention trims from the front.
+//!
+//! Invariants every implementation keeps:
+//! - `append` returns only after the changes are durable, and assigns consecutive seqs.
+//! - Within a channel, `datetime` never decreases with seq.
+//! - An idempotency key seen before (per channel, within [`IDEMPOTENCY_TTL`]) returns the
+//!   first answer and appends nothing.
+//! - `watch_head` reports the last durable seq of a channel, never a seq that is not durable.
+
+pub mod embedded;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+use time::OffsetDateTime;
+use tokio::sync::watch;
+
+use crate::change::{Change, NewChange};
+use crate::config::Retention;
+use crate::fanout::signing::Algorithm;
+
+pub use embedded::EmbeddedStore;
+
+/// How long an idempotency key is remembered.
+pub const IDEMPOTENCY_TTL: Duration = Duration::from_secs(24 * 3600);
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    #[error("idempotency key was used before with a different request")]
+    IdempotencyConflict,
+    #[error("corrupt record: {0}")]
+    Corrupt(String),
+}
+
+/// An idempotency key with the fingerprint of the request it came with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdempotencyKey {
+    pub key: String,
+    pub fingerprint: String,
+}
+
+/// The result of an append: the seqs given to the changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Appended {
+    pub accepted: usize,
+    pub first: u64,
+    pub last: u64,
+    /// True when an earlier request with the same idempotency key already appended these.
+    #[serde(skip)]
+    pub replayed: bool,
+}
+
+/// Where a channel's log stands. `oldest` is the first retained seq (`last + 1` when nothing
+/// is retained); `last` is the newest seq (0 when nothing was ever appended).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ChannelHead {
+    pub oldest: u64,
+    pub last: u64,
+}
+
+impl ChannelHead {
+    pub const EMPTY: ChannelHead = ChannelHead { oldest: 1, last: 0 };
+}
+
+/// A verified WebSub subscription.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Subscription {
+    /// Derived from topic and callback: see [`subscription_id`].
+    pub id: String,
+    pub channel: String,
+    pub topic: String,
+    pub callback: String,
+    pub secret: Option<String>,
+    pub algorithm: Algorithm,
+    pub lease_seconds: u64,
+    #[serde(with = "time::serde::rfc3339")]
+    pub expires_at: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+}
+
+/// The id of the subscription of `callback` to `topic` (a re-subscription has the same id).
+pub fn subscription_id(topic: &str, callback: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(topic.as_bytes());
+    h.update([0]);
+    h.update(callback.as_bytes());
+    hex::encode(&h.finalize()[..12])
+}
+
+/// A notification being retried: its seq range is fixed until it succeeds or is given up, so
+/// the delivery id stays the same across retries and restarts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingDelivery {
+    pub first: u64,
+    pub last: u64,
+    pub attempts: u32,
+    #[serde(with = "time::serde::rfc3339")]
+    pub first_attempt_at: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339")]
+    pub next_attempt_at: OffsetDateTime,
+}
+
+/// How far a subscription has been served.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct DeliveryState {
+    /// The last seq delivered (or given up); the next notification starts after it.
+    pub cursor: u64,
+    pub pending: Option<PendingDelivery>,
+    #[serde(default, with = "time::serde::rfc3339::option")]
+    pub last_success: Option<OffsetDateTime>,
+    pub last_error: Option<String>,
+}
+
+/// The store, one trait for every engine. Implementations are cheap to share (`Arc<dyn Store>`).
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Appends `changes` (already validated) to `channel` durably, giving them the next seqs.
+    /// Each change's datetime is its own or `now`, raised to the channel's latest datetime when
+    /// it would go backwards.
+    async fn append(
+        &self,
+        channel: &str,
+        changes: Vec<NewChange>,
+        idempotency: Option<IdempotencyKey>,
+        now: OffsetDateTime,
+    ) -> Result<Appended, StoreError>;
+
+    /// Changes with seq > `after`, in seq order, at most `limit`.
+    async fn read(
+        &self,
+        channel: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<Change>, StoreError>;
+
+    /// The newest `limit` retained changes, in seq order.
+    async fn read_newest(&self, channel: &str, limit: usize) -> Result<Vec<Change>, StoreError>;
+
+    async fn head(&self, channel: &str) -> Result<ChannelHead, StoreError>;
+
+    /// A receiver of the channel's last durable seq, updated after every append.
+    fn watch_head(&self, channel: &str) -> watch::Receiver<u64>;
+
+    /// Applies retention to `channel` and forgets expired idempotency keys; returns how many
+    /// changes were removed. The newest change is always kept.
+    async fn trim(
+        &self,
+        channel: &str,
+        retention: Retention,
+        now: OffsetDateTime,
+    ) -> Result<u64, StoreError>;
+
+    async fn put_subscription(&self, sub: &Subscription) -> Result<(), StoreError>;
+    /// Removes a subscription and its delivery state; true when it existed.
+    async fn delete_subscription(&self, id: &str) -> Result<bool, StoreError>;
+    async fn subscriptions(&self) -> Result<Vec<Subscription>, StoreError>;
+
+    async fn put_delivery(&self, sub_id: &str, state: &DeliveryState) -> Result<(), StoreError>;
+    async fn delivery(&self, sub_id: &str) -> Result<Option<DeliveryState>, StoreError>;
+
+    /// Succeeds when the store can serve requests (readiness).
+    async fn ping(&self) -> Result<(), StoreError>;
+}
