@@ -105,7 +105,7 @@ impl IntoResponse for ApiError {
 
 /// Every route of the hub.
 pub fn router(state: AppState) -> Router {
-    use crate::{catchup, fanout::websub, ingest};
+    use crate::{api, catchup, fanout::websub, ingest};
     let documents = Router::new()
         .route("/channels/{name}/changelist.xml", get(catchup::changelist))
         .route(
@@ -126,6 +126,12 @@ pub fn router(state: AppState) -> Router {
         .route("/publish", post(websub::hub))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/api/channels", get(api::channels))
+        .route("/api/subscriptions", get(api::subscriptions))
+        .route(
+            "/api/subscriptions/{id}",
+            axum::routing::delete(api::delete_subscription),
+        )
         .merge(documents)
         .layer(axum::extract::DefaultBodyLimit::max(state.config.max_body))
         .with_state(state)

@@ -16,11 +16,13 @@
 //! - [`fanout`]: WebSub subscriptions, verification, signed delivery with retries.
 //! - [`catchup`]: the documents subscribers pull to catch up, and discovery.
 //! - [`http`]: state, router, errors, health.
+//! - [`api`]: the admin API.
 //! - [`config`]: `changehub serve` settings.
 //!
 //! [`run`] is the one entry point, shared by the binary and the tests: it serves on a listener
 //! until the `shutdown` future completes, then flushes the batchers and stops every task.
 
+pub mod api;
 pub mod batcher;
 pub mod catchup;
 pub mod change;

@@ -1,0 +1,461 @@
+//! Test harness: the real hub on `127.0.0.1:0`, real callback receivers, and helpers that wait
+//! for conditions with deadlines.
+#![allow(dead_code)]
+
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use bytes::Bytes;
+use changehub::config::Config;
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{oneshot, Notify};
+
+pub const CHANNEL: &str = "news";
+pub const TOKEN: &str = "publisher-token";
+pub const ADMIN: &str = "admin-token";
+
+/// Waits until `cond` holds, checking whenever `notify` fires or every 20 ms, failing after
+/// `deadline`.
+pub async fn wait_until<F, Fut>(what: &str, deadline: Duration, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let end = tokio::time::Instant::now() + deadline;
+    loop {
+        if cond().await {
+            return;
+        }
+        if tokio::time::Instant::now() >= end {
+            panic!("timed out after {deadline:?} waiting for: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A running hub.
+pub struct TestHub {
+    pub addr: SocketAddr,
+    pub url: String,
+    pub client: reqwest::Client,
+    pub data_dir: PathBuf,
+    _dir: Option<tempfile::TempDir>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl TestHub {
+    /// A hub with channel `news`, an admin token, private callbacks allowed, quick batching
+    /// and quick retries; `tweak` adjusts the configuration.
+    pub async fn start(tweak: impl FnOnce(&mut Config)) -> TestHub {
+        let dir = tempfile::tempdir().unwrap();
+        let data_dir = dir.path().to_path_buf();
+        let mut hub = TestHub::start_in(data_dir, tweak).await;
+        hub._dir = Some(dir);
+        hub
+    }
+
+    pub async fn start_in(data_dir: PathBuf, tweak: impl FnOnce(&mut Config)) -> TestHub {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut config = Config::new(addr, data_dir.clone()).with_channel(CHANNEL, TOKEN);
+        config.public_url = format!("http://{addr}");
+        config.admin_token = Some(ADMIN.into());
+        config.allow_private_callbacks = true;
+        config.linger = Duration::from_millis(20);
+        config.retry_initial = Duration::from_millis(100);
+        config.retry_max = Duration::from_secs(2);
+        config.delivery_timeout = Duration::from_secs(5);
+        tweak(&mut config);
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            changehub::run(listener, config, async {
+                let _ = stopped.await;
+            })
+            .await
+            .expect("hub failed");
+        });
+        TestHub {
+            addr,
+            url: format!("http://{addr}"),
+            client: reqwest::Client::new(),
+            data_dir,
+            _dir: None,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    /// Graceful shutdown; waits for the hub to finish.
+    pub async fn stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            tokio::time::timeout(Duration::from_secs(20), task)
+                .await
+                .expect("hub did not stop in time")
+                .unwrap();
+        }
+    }
+
+    pub fn topic(&self) -> String {
+        format!("{}/channels/{CHANNEL}/changelist.xml", self.url)
+    }
+
+    /// Pushes a JSON body; returns status and parsed JSON answer.
+    pub async fn push_json(&self, body: serde_json::Value) -> (StatusCode, serde_json::Value) {
+        let resp = self
+            .client
+            .post(format!("{}/channels/{CHANNEL}/changes", self.url))
+            .bearer_auth(TOKEN)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status();
+        let json = resp.json().await.unwrap_or(serde_json::Value::Null);
+        (status, json)
+    }
+
+    /// Pushes `n` changes with locs `http://example.com/{prefix}/{i}`; asserts 202; returns
+    /// (first, last).
+    pub async fn push(&self, prefix: &str, n: usize) -> (u64, u64) {
+        let changes: Vec<_> = (0..n)
+            .map(|i| {
+                serde_json::json!({"loc": format!("http://example.com/{prefix}/{i}"), "change": "updated"})
+            })
+            .collect();
+        let (status, json) = self.push_json(serde_json::Value::Array(changes)).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{json}");
+        (
+            json["first"].as_u64().unwrap(),
+            json["last"].as_u64().unwrap(),
+        )
+    }
+
+    /// Form-encoded POST to /hub.
+    pub async fn hub_request(&self, params: &[(&str, &str)]) -> (StatusCode, String) {
+        let body: String = form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(params)
+            .finish();
+        let resp = self
+            .client
+            .post(format!("{}/hub", self.url))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status();
+        (status, resp.text().await.unwrap())
+    }
+
+    /// Subscribes `callback` to the `news` topic with extra parameters; asserts 202.
+    pub async fn subscribe(&self, callback: &str, extra: &[(&str, &str)]) {
+        let topic = self.topic();
+        let mut params = vec![
+            ("hub.mode", "subscribe"),
+            ("hub.topic", topic.as_str()),
+            ("hub.callback", callback),
+        ];
+        params.extend_from_slice(extra);
+        let (status, text) = self.hub_request(&params).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{text}");
+    }
+
+    /// The admin view of subscriptions.
+    pub async fn subscriptions(&self) -> Vec<serde_json::Value> {
+        self.client
+            .get(format!("{}/api/subscriptions", self.url))
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    /// Waits until a subscription with this callback is active.
+    pub async fn wait_subscribed(&self, callback: &str) {
+        wait_until(
+            &format!("{callback} subscribed"),
+            Duration::from_secs(10),
+            || async {
+                self.subscriptions()
+                    .await
+                    .iter()
+                    .any(|s| s["callback"] == callback)
+            },
+        )
+        .await;
+    }
+
+    /// Every seq in `changes?after=after`, following `rel=next` pages.
+    pub async fn catch_up(&self, after: u64) -> Vec<u64> {
+        let mut url = format!(
+            "{}/channels/{CHANNEL}/changes?after={after}&limit=5000",
+            self.url
+        );
+        let mut seqs = Vec::new();
+        loop {
+            let resp = self.client.get(&url).send().await.unwrap();
+            assert_eq!(resp.status(), StatusCode::OK);
+            let body = resp.bytes().await.unwrap();
+            let (header, entries) =
+                changehub::resourcesync::parse_change_list(&body, &big_limits()).unwrap();
+            seqs.extend(entries.iter().map(|e| e.seq.expect("seq on every entry")));
+            match header.links.iter().find(|l| l.rel == "next") {
+                Some(next) => url = next.href.clone(),
+                None => return seqs,
+            }
+        }
+    }
+}
+
+impl Drop for TestHub {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+pub fn big_limits() -> changehub::resourcesync::Limits {
+    changehub::resourcesync::Limits {
+        max_bytes: 64 << 20,
+        max_entries: 100_000,
+    }
+}
+
+/// One request a receiver got.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub headers: HeaderMap,
+    pub body: Bytes,
+    /// The status the receiver answered.
+    pub status: StatusCode,
+}
+
+impl Received {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// The seqs in the delivered notification.
+    pub fn seqs(&self) -> Vec<u64> {
+        let (_, entries) =
+            changehub::resourcesync::parse_change_list(&self.body, &big_limits()).unwrap();
+        entries.iter().map(|e| e.seq.unwrap()).collect()
+    }
+}
+
+/// How a receiver answers.
+#[derive(Debug, Clone)]
+pub struct Behaviour {
+    /// Answer GET verifications with this body instead of the challenge (None: echo it).
+    pub challenge_answer: Option<String>,
+    /// Status for GET verifications.
+    pub verify_status: StatusCode,
+    /// Fail the first N POSTs with `fail_status` (and `Retry-After: 1` when set).
+    pub fail_first: usize,
+    pub fail_status: StatusCode,
+    pub retry_after: Option<&'static str>,
+    /// Answer every POST with this status.
+    pub post_status: StatusCode,
+}
+
+impl Default for Behaviour {
+    fn default() -> Self {
+        Behaviour {
+            challenge_answer: None,
+            verify_status: StatusCode::OK,
+            fail_first: 0,
+            fail_status: StatusCode::SERVICE_UNAVAILABLE,
+            retry_after: None,
+            post_status: StatusCode::OK,
+        }
+    }
+}
+
+#[derive(Default)]
+struct ReceiverLog {
+    verifications: Vec<HashMap<String, String>>,
+    posts: Vec<Received>,
+}
+
+#[derive(Clone)]
+struct ReceiverState {
+    behaviour: Arc<Mutex<Behaviour>>,
+    log: Arc<Mutex<ReceiverLog>>,
+    notify: Arc<Notify>,
+}
+
+/// A real callback server on loopback that records what it gets.
+pub struct Receiver {
+    pub url: String,
+    state: ReceiverState,
+    stop: Option<oneshot::Sender<()>>,
+}
+
+impl Receiver {
+    pub async fn start(behaviour: Behaviour) -> Receiver {
+        Receiver::start_at("127.0.0.1:0".parse().unwrap(), "/callback", behaviour).await
+    }
+
+    /// Starts on `addr` (to come back on the same port) with callback path `path`.
+    pub async fn start_at(addr: SocketAddr, path: &str, behaviour: Behaviour) -> Receiver {
+        let state = ReceiverState {
+            behaviour: Arc::new(Mutex::new(behaviour)),
+            log: Arc::default(),
+            notify: Arc::new(Notify::new()),
+        };
+        let app = Router::new()
+            .route(path, get(on_get).post(on_post))
+            .with_state(state.clone());
+        let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async {
+                    let _ = stopped.await;
+                })
+                .await
+                .unwrap();
+        });
+        Receiver {
+            url: format!("http://{addr}{path}"),
+            state,
+            stop: Some(stop),
+        }
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        let u = url::Url::parse(&self.url).unwrap();
+        SocketAddr::new(u.host_str().unwrap().parse().unwrap(), u.port().unwrap())
+    }
+
+    pub fn set_behaviour(&self, f: impl FnOnce(&mut Behaviour)) {
+        f(&mut self.state.behaviour.lock().unwrap());
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+
+    pub fn verifications(&self) -> Vec<HashMap<String, String>> {
+        self.state.log.lock().unwrap().verifications.clone()
+    }
+
+    pub fn posts(&self) -> Vec<Received> {
+        self.state.log.lock().unwrap().posts.clone()
+    }
+
+    /// The successfully answered deliveries.
+    pub fn delivered(&self) -> Vec<Received> {
+        self.posts()
+            .into_iter()
+            .filter(|p| p.status.is_success())
+            .collect()
+    }
+
+    /// Every seq from successfully answered deliveries, in arrival order.
+    pub fn delivered_seqs(&self) -> Vec<u64> {
+        self.delivered().iter().flat_map(|r| r.seqs()).collect()
+    }
+
+    /// Waits until `cond` holds for the log, woken by each request.
+    pub async fn wait_for(&self, what: &str, deadline: Duration, cond: impl Fn(&Receiver) -> bool) {
+        let end = tokio::time::Instant::now() + deadline;
+        loop {
+            let notified = self.state.notify.notified();
+            if cond(self) {
+                return;
+            }
+            let now = tokio::time::Instant::now();
+            if now >= end {
+                panic!("timed out after {deadline:?} waiting for: {what}");
+            }
+            let _ = tokio::time::timeout(end - now, notified).await;
+        }
+    }
+
+    pub async fn wait_verified(&self, n: usize) {
+        self.wait_for("verification request", Duration::from_secs(10), |r| {
+            r.verifications().len() >= n
+        })
+        .await;
+    }
+
+    /// Waits until the successfully delivered seqs include every seq up to `last`.
+    pub async fn wait_seq(&self, last: u64, deadline: Duration) {
+        self.wait_for(&format!("delivery up to seq {last}"), deadline, |r| {
+            r.delivered_seqs().iter().any(|&s| s >= last)
+        })
+        .await;
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+async fn on_get(
+    State(state): State<ReceiverState>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    let behaviour = state.behaviour.lock().unwrap().clone();
+    let answer = behaviour
+        .challenge_answer
+        .clone()
+        .or_else(|| query.get("hub.challenge").cloned())
+        .unwrap_or_default();
+    state.log.lock().unwrap().verifications.push(query);
+    state.notify.notify_waiters();
+    (behaviour.verify_status, answer).into_response()
+}
+
+async fn on_post(State(state): State<ReceiverState>, headers: HeaderMap, body: Bytes) -> Response {
+    let behaviour = state.behaviour.lock().unwrap().clone();
+    let mut log = state.log.lock().unwrap();
+    let failing = log.posts.len() < behaviour.fail_first;
+    let status = if failing {
+        behaviour.fail_status
+    } else {
+        behaviour.post_status
+    };
+    log.posts.push(Received {
+        headers,
+        body,
+        status,
+    });
+    drop(log);
+    state.notify.notify_waiters();
+    let mut response = status.into_response();
+    if failing {
+        if let Some(ra) = behaviour.retry_after {
+            response
+                .headers_mut()
+                .insert("retry-after", ra.parse().unwrap());
+        }
+    }
+    if status.is_redirection() {
+        response
+            .headers_mut()
+            .insert("location", "http://127.0.0.1:9/elsewhere".parse().unwrap());
+    }
+    response
+}

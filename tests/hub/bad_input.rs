@@ -1,0 +1,407 @@
+//! Bad input gets a clear 4xx with a reason, and changes nothing.
+
+use crate::common::*;
+use reqwest::StatusCode;
+
+struct Case {
+    name: &'static str,
+    channel: &'static str,
+    token: Option<&'static str>,
+    content_type: &'static str,
+    body: Vec<u8>,
+    status: u16,
+    /// Text the reason must contain.
+    reason: &'static str,
+    index: Option<u64>,
+}
+
+fn case(name: &'static str, body: impl Into<Vec<u8>>, status: u16, reason: &'static str) -> Case {
+    Case {
+        name,
+        channel: CHANNEL,
+        token: Some(TOKEN),
+        content_type: "application/json",
+        body: body.into(),
+        status,
+        reason,
+        index: None,
+    }
+}
+
+fn at(mut c: Case, index: u64) -> Case {
+    c.index = Some(index);
+    c
+}
+
+const GOOD: &str = r#"{"loc":"http://example.com/ok","change":"created"}"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_ingest_requests_are_refused_and_store_nothing() {
+    let hub = TestHub::start(|c| c.max_body = 64 * 1024).await;
+    let long_loc = format!("http://example.com/{}", "x".repeat(2100));
+    let cases = vec![
+        case("malformed JSON", "{\"loc\": ", 400, "malformed JSON"),
+        case("not a change", "42", 400, "expected a change"),
+        case("empty array", "[]", 400, "no changes"),
+        at(
+            case(
+                "wrong type",
+                r#"[{"loc":5,"change":"created"}]"#,
+                400,
+                "invalid type",
+            ),
+            0,
+        ),
+        at(
+            case(
+                "missing change",
+                r#"{"loc":"http://example.com/a"}"#,
+                400,
+                "missing field",
+            ),
+            0,
+        ),
+        at(
+            case(
+                "relative loc",
+                format!(r#"[{GOOD},{{"loc":"/a","change":"created"}}]"#),
+                400,
+                "absolute",
+            ),
+            1,
+        ),
+        at(
+            case(
+                "ftp loc",
+                r#"{"loc":"ftp://example.com/a","change":"created"}"#,
+                400,
+                "http",
+            ),
+            0,
+        ),
+        at(
+            case(
+                "over-long loc",
+                format!(r#"[{GOOD},{GOOD},{{"loc":"{long_loc}","change":"created"}}]"#),
+                400,
+                "longer than",
+            ),
+            2,
+        ),
+        at(
+            case(
+                "unknown change type",
+                format!(r#"[{GOOD},{{"loc":"http://example.com/a","change":"moved"}}]"#),
+                400,
+                "moved",
+            ),
+            1,
+        ),
+        at(
+            case(
+                "bad datetime",
+                r#"{"loc":"http://example.com/a","change":"created","datetime":"yesterday"}"#,
+                400,
+                "datetime",
+            ),
+            0,
+        ),
+        at(
+            case(
+                "bad hash",
+                r#"{"loc":"http://example.com/a","change":"created","hash":"md5"}"#,
+                400,
+                "hash",
+            ),
+            0,
+        ),
+        at(
+            case(
+                "negative length",
+                r#"{"loc":"http://example.com/a","change":"created","length":-1}"#,
+                400,
+                "invalid value",
+            ),
+            0,
+        ),
+        at(
+            case(
+                "unknown field",
+                r#"{"loc":"http://example.com/a","change":"created","colour":"red"}"#,
+                400,
+                "unknown field",
+            ),
+            0,
+        ),
+        Case {
+            content_type: "application/xml",
+            ..case("malformed XML", "<urlset><url>", 400, "Change List")
+        },
+        Case {
+            content_type: "application/xml",
+            ..case(
+                "XML wrong root",
+                "<?xml version=\"1.0\"?><html/>",
+                400,
+                "Change List",
+            )
+        },
+        at(
+            Case {
+                content_type: "application/xml",
+                ..case(
+                    "XML unknown change",
+                    r#"<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9" xmlns:rs="http://www.openarchives.org/rs/terms/"><rs:md capability="changelist" from="2024-01-01T00:00:00Z"/><url><loc>http://example.com/a</loc><rs:md change="moved" datetime="2024-01-01T00:00:00Z"/></url></urlset>"#,
+                    400,
+                    "moved",
+                )
+            },
+            0,
+        ),
+        Case {
+            content_type: "application/x-ndjson",
+            ..at(
+                case(
+                    "NDJSON bad line",
+                    format!("{GOOD}\n{{\"loc\":\n"),
+                    400,
+                    "malformed JSON",
+                ),
+                1,
+            )
+        },
+        Case {
+            content_type: "text/plain",
+            ..case("unsupported type", GOOD, 415, "Content-Type")
+        },
+        case(
+            "oversized body",
+            format!("[{}]", vec![GOOD; 2000].join(",")),
+            413,
+            "larger than",
+        ),
+        Case {
+            token: None,
+            ..case("missing token", GOOD, 401, "Bearer")
+        },
+        Case {
+            token: Some("wrong"),
+            ..case("wrong token", GOOD, 403, "wrong token")
+        },
+        Case {
+            channel: "nope",
+            ..case("unknown channel", GOOD, 404, "no channel")
+        },
+    ];
+    for c in &cases {
+        let mut req = hub
+            .client
+            .post(format!("{}/channels/{}/changes", hub.url, c.channel))
+            .header("content-type", c.content_type)
+            .body(c.body.clone());
+        if let Some(t) = c.token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req.send().await.unwrap();
+        assert_eq!(resp.status().as_u16(), c.status, "{}", c.name);
+        let json: serde_json::Value = resp
+            .json()
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", c.name));
+        let reason = json["error"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{}: no reason", c.name));
+        assert!(
+            reason.contains(c.reason),
+            "{}: reason {reason:?} lacks {:?}",
+            c.name,
+            c.reason
+        );
+        assert_eq!(
+            json["index"].as_u64(),
+            c.index,
+            "{}: index in {json}",
+            c.name
+        );
+    }
+    assert!(hub.catch_up(0).await.is_empty(), "nothing was stored");
+
+    // The same hub still takes good input.
+    let (status, json) = hub.push_json(serde_json::from_str(GOOD).unwrap()).await;
+    assert_eq!(status, 202, "{json}");
+    assert_eq!(
+        json,
+        serde_json::json!({"accepted": 1, "first": 1, "last": 1})
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_hub_requests_are_refused_and_subscribe_nothing() {
+    let hub = TestHub::start(|c| c.allow_private_callbacks = false).await;
+    let topic = hub.topic();
+    let t = topic.as_str();
+    let cb = "http://example.com/callback";
+    let secret_200 = "s".repeat(200);
+    let cases: Vec<(&str, Vec<(&str, &str)>, u16, &str)> = vec![
+        (
+            "missing hub.mode",
+            vec![("hub.topic", t), ("hub.callback", cb)],
+            400,
+            "hub.mode",
+        ),
+        (
+            "unknown hub.mode",
+            vec![
+                ("hub.mode", "watch"),
+                ("hub.topic", t),
+                ("hub.callback", cb),
+            ],
+            400,
+            "hub.mode",
+        ),
+        (
+            "missing hub.topic",
+            vec![("hub.mode", "subscribe"), ("hub.callback", cb)],
+            400,
+            "hub.topic",
+        ),
+        (
+            "missing hub.callback",
+            vec![("hub.mode", "subscribe"), ("hub.topic", t)],
+            400,
+            "hub.callback",
+        ),
+        (
+            "relative callback",
+            vec![
+                ("hub.mode", "subscribe"),
+                ("hub.topic", t),
+                ("hub.callback", "/cb"),
+            ],
+            400,
+            "hub.callback",
+        ),
+        (
+            "bad lease",
+            vec![
+                ("hub.mode", "subscribe"),
+                ("hub.topic", t),
+                ("hub.callback", cb),
+                ("hub.lease_seconds", "soon"),
+            ],
+            400,
+            "lease",
+        ),
+        (
+            "zero lease",
+            vec![
+                ("hub.mode", "subscribe"),
+                ("hub.topic", t),
+                ("hub.callback", cb),
+                ("hub.lease_seconds", "0"),
+            ],
+            400,
+            "lease",
+        ),
+        (
+            "oversized secret",
+            vec![
+                ("hub.mode", "subscribe"),
+                ("hub.topic", t),
+                ("hub.callback", cb),
+                ("hub.secret", &secret_200),
+            ],
+            400,
+            "secret",
+        ),
+        (
+            "bad algorithm",
+            vec![
+                ("hub.mode", "subscribe"),
+                ("hub.topic", t),
+                ("hub.callback", cb),
+                ("hub.signature_algorithm", "md5"),
+            ],
+            400,
+            "algorithm",
+        ),
+        (
+            "private callback",
+            vec![
+                ("hub.mode", "subscribe"),
+                ("hub.topic", t),
+                ("hub.callback", "http://127.0.0.1:9/cb"),
+            ],
+            403,
+            "private",
+        ),
+        (
+            "link-local callback",
+            vec![
+                ("hub.mode", "subscribe"),
+                ("hub.topic", t),
+                ("hub.callback", "http://169.254.169.254/latest"),
+            ],
+            403,
+            "private",
+        ),
+    ];
+    for (name, params, status, reason) in &cases {
+        let (got, text) = hub.hub_request(params).await;
+        assert_eq!(got.as_u16(), *status, "{name}: {text}");
+        assert!(
+            text.contains(reason),
+            "{name}: reason {text:?} lacks {reason:?}"
+        );
+    }
+    let resp = hub
+        .client
+        .post(format!("{}/hub", hub.url))
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    assert!(hub.subscriptions().await.is_empty());
+
+    // Catch-up parameters.
+    for q in [
+        "after=-1",
+        "after=x",
+        "limit=0",
+        "limit=50001",
+        "limit=many",
+    ] {
+        let resp = hub
+            .client
+            .get(format!("{}/channels/{CHANNEL}/changes?{q}", hub.url))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 400, "{q}");
+    }
+    let resp = hub
+        .client
+        .get(format!("{}/channels/nope/changelist.xml", hub.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 404);
+    // Admin API needs its token.
+    let resp = hub
+        .client
+        .get(format!("{}/api/subscriptions", hub.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 401);
+    let resp = hub
+        .client
+        .get(format!("{}/api/subscriptions", hub.url))
+        .bearer_auth("wrong")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 403);
+}

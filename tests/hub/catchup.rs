@@ -1,0 +1,198 @@
+//! Catch-up: what a subscriber missed while it was down, it gets from `changes?after=`;
+//! the topic Change List, its headers, and retention.
+
+use crate::common::*;
+use std::time::Duration;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscriber_that_was_down_catches_up_exactly() {
+    let hub = TestHub::start(|c| c.max_batch = 100).await;
+    let mut receiver = Receiver::start(Behaviour::default()).await;
+    hub.subscribe(&receiver.url, &[]).await;
+    hub.wait_subscribed(&receiver.url).await;
+
+    let (_, seen) = hub.push("before", 250).await;
+    receiver.wait_seq(seen, Duration::from_secs(20)).await;
+    let last_seen = *receiver.delivered_seqs().last().unwrap();
+    assert_eq!(last_seen, seen);
+
+    // The subscriber goes down; changes keep coming.
+    receiver.stop();
+    let (first_missed, _) = hub.push("during", 1234).await;
+    let (_, last_missed) = hub.push("during2", 3000).await;
+    assert_eq!(first_missed, seen + 1);
+
+    // Back up, it pulls what it missed, page by page.
+    let missed = hub.catch_up(last_seen).await;
+    assert_eq!(missed, (last_seen + 1..=last_missed).collect::<Vec<_>>());
+
+    // Nothing after the head.
+    assert!(hub.catch_up(last_missed).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changelist_has_hub_links_etag_and_gzip() {
+    let hub = TestHub::start(|_| {}).await;
+    hub.push("a", 5).await;
+    let url = hub.topic();
+    let resp = hub.client.get(&url).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let link = resp.headers()["link"].to_str().unwrap().to_string();
+    assert!(link.contains(&format!("<{}/hub>; rel=\"hub\"", hub.url)));
+    assert!(link.contains(&format!("<{url}>; rel=\"self\"")));
+    let etag = resp.headers()["etag"].to_str().unwrap().to_string();
+    let body = resp.bytes().await.unwrap();
+    let (header, entries) =
+        changehub::resourcesync::parse_change_list(&body, &big_limits()).unwrap();
+    assert_eq!(entries.len(), 5);
+    assert!(header.from.is_some());
+    assert!(header.links.iter().any(|l| l.rel == "up"));
+
+    let not_modified = hub
+        .client
+        .get(&url)
+        .header("if-none-match", &etag)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(not_modified.status(), 304);
+    hub.push("b", 1).await;
+    let modified = hub
+        .client
+        .get(&url)
+        .header("if-none-match", &etag)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(modified.status(), 200);
+
+    // gzip when asked (reqwest here has no decompression, so the raw encoding shows).
+    let raw = hub
+        .client
+        .get(&url)
+        .header("accept-encoding", "gzip")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        raw.headers()
+            .get("content-encoding")
+            .map(|v| v.to_str().unwrap()),
+        Some("gzip")
+    );
+
+    // Discovery documents.
+    let cap = hub
+        .client
+        .get(format!("{}/channels/{CHANNEL}/capabilitylist.xml", hub.url))
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    match changehub::resourcesync::parse_document(&cap, &big_limits()).unwrap() {
+        changehub::resourcesync::Document::CapabilityList { caps, links } => {
+            assert_eq!(caps[0].loc, url);
+            assert!(links.iter().any(|l| l.rel == "hub"));
+        }
+        other => panic!("not a capability list: {other:?}"),
+    }
+    let sd = hub
+        .client
+        .get(format!("{}/.well-known/resourcesync", hub.url))
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    match changehub::resourcesync::parse_document(&sd, &big_limits()).unwrap() {
+        changehub::resourcesync::Document::SourceDescription {
+            capability_lists, ..
+        } => {
+            assert_eq!(
+                capability_lists,
+                vec![format!("{}/channels/{CHANNEL}/capabilitylist.xml", hub.url)]
+            );
+        }
+        other => panic!("not a source description: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cursor_older_than_retention_is_gone() {
+    let hub = TestHub::start(|c| {
+        c.channels.get_mut(CHANNEL).unwrap().retention.max_changes = 10;
+        c.trim_interval = Duration::from_millis(20);
+    })
+    .await;
+    hub.push("a", 25).await;
+    let url = format!("{}/channels/{CHANNEL}/changes?after=3", hub.url);
+    wait_until(
+        "retention trims the log",
+        Duration::from_secs(10),
+        || async { hub.client.get(&url).send().await.unwrap().status() == 410 },
+    )
+    .await;
+    let resp = hub.client.get(&url).send().await.unwrap();
+    assert_eq!(resp.headers()["x-changehub-oldest"], "16");
+    let json: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(json["oldest"], 16);
+    assert_eq!(hub.catch_up(15).await, (16..=25).collect::<Vec<_>>());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn datetimes_never_go_backwards() {
+    let hub = TestHub::start(|_| {}).await;
+    let (status, _) = hub
+        .push_json(serde_json::json!([
+            {"loc": "http://example.com/a", "change": "created", "datetime": "2030-01-01T00:00:00Z"},
+            {"loc": "http://example.com/b", "change": "updated", "datetime": "2020-01-01T00:00:00Z"},
+        ]))
+        .await;
+    assert_eq!(status, 202);
+    let body = hub
+        .client
+        .get(format!("{}/channels/{CHANNEL}/changes?after=0", hub.url))
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let (_, entries) = changehub::resourcesync::parse_change_list(&body, &big_limits()).unwrap();
+    assert_eq!(entries[0].change.datetime, entries[1].change.datetime);
+    // The source's own time is kept as lastmod.
+    assert_eq!(
+        entries[1].change.lastmod,
+        Some(changehub::change::parse_w3c_datetime("2020-01-01T00:00:00Z").unwrap())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idempotency_key_makes_a_retry_count_once() {
+    let hub = TestHub::start(|_| {}).await;
+    let send = |body: &'static str| {
+        hub.client
+            .post(format!("{}/channels/{CHANNEL}/changes", hub.url))
+            .bearer_auth(TOKEN)
+            .header("content-type", "application/json")
+            .header("idempotency-key", "req-1")
+            .body(body)
+            .send()
+    };
+    let body = r#"[{"loc":"http://example.com/a","change":"created"},{"loc":"http://example.com/b","change":"created"}]"#;
+    let first: serde_json::Value = send(body).await.unwrap().json().await.unwrap();
+    let again = send(body).await.unwrap();
+    assert_eq!(again.status(), 202);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    let again: serde_json::Value = again.json().await.unwrap();
+    assert_eq!(first, again);
+    assert_eq!(hub.catch_up(0).await, vec![1, 2]);
+    let conflict = send(r#"{"loc":"http://example.com/c","change":"created"}"#)
+        .await
+        .unwrap();
+    assert_eq!(conflict.status(), 422);
+    assert_eq!(hub.catch_up(0).await, vec![1, 2]);
+}

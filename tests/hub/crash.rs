@@ -1,0 +1,227 @@
+//! Crash safety: the hub process is killed with SIGKILL while sources push; after a restart
+//! every acknowledged change is in the log, seqs are gapless, and the subscriber gets the rest.
+
+use crate::common::*;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct HubProcess {
+    child: Child,
+    url: String,
+}
+
+impl HubProcess {
+    async fn start(data_dir: &std::path::Path) -> HubProcess {
+        let port = free_port();
+        let child = Command::new(env!("CARGO_BIN_EXE_changehub"))
+            .args([
+                "serve",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--data-dir",
+                data_dir.to_str().unwrap(),
+                "--channel",
+                &format!("{CHANNEL}={TOKEN}"),
+                "--admin-token",
+                ADMIN,
+                "--allow-private-callbacks",
+                "--linger",
+                "20ms",
+                "--retry-initial",
+                "100ms",
+                "--retry-max",
+                "1s",
+            ])
+            .env("RUST_LOG", "changehub=warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start changehub");
+        let url = format!("http://127.0.0.1:{port}");
+        let client = reqwest::Client::new();
+        wait_until("hub ready", Duration::from_secs(20), || async {
+            client
+                .get(format!("{url}/readyz"))
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success())
+        })
+        .await;
+        HubProcess { child, url }
+    }
+
+    fn kill9(&mut self) {
+        // Child::kill sends SIGKILL on Unix.
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for HubProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn all_seqs(url: &str) -> Vec<u64> {
+    let client = reqwest::Client::new();
+    let mut next = format!("{url}/channels/{CHANNEL}/changes?after=0&limit=5000");
+    let mut seqs = Vec::new();
+    loop {
+        let body = client
+            .get(&next)
+            .send()
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        let (header, entries) =
+            changehub::resourcesync::parse_change_list(&body, &big_limits()).unwrap();
+        seqs.extend(entries.iter().map(|e| e.seq.unwrap()));
+        match header.links.iter().find(|l| l.rel == "next") {
+            Some(l) => next = l.href.clone(),
+            None => return seqs,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_loses_no_acknowledged_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut hub = HubProcess::start(dir.path()).await;
+    let receiver = Receiver::start(Behaviour::default()).await;
+    let topic = format!("{}/channels/{CHANNEL}/changelist.xml", hub.url);
+    let client = reqwest::Client::new();
+    let resp = client
+        .post(format!("{}/hub", hub.url))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(
+            form_urlencoded::Serializer::new(String::new())
+                .extend_pairs([
+                    ("hub.mode", "subscribe"),
+                    ("hub.topic", &topic),
+                    ("hub.callback", &receiver.url),
+                ])
+                .finish(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 202);
+    receiver.wait_verified(1).await;
+    wait_until("subscription active", Duration::from_secs(10), || async {
+        let subs: Vec<serde_json::Value> = client
+            .get(format!("{}/api/subscriptions", hub.url))
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        subs.len() == 1
+    })
+    .await;
+
+    // Two sources push small requests until the hub dies under them.
+    let acked: Arc<Mutex<Vec<(u64, u64)>>> = Arc::default();
+    let dead = Arc::new(AtomicBool::new(false));
+    let mut sources = Vec::new();
+    for source in 0..2 {
+        let acked = acked.clone();
+        let dead = dead.clone();
+        let url = hub.url.clone();
+        sources.push(tokio::spawn(async move {
+            let client = reqwest::Client::new();
+            for i in 0..10_000 {
+                if dead.load(Ordering::SeqCst) {
+                    return;
+                }
+                let changes: Vec<_> = (0..10)
+                    .map(|j| serde_json::json!({"loc": format!("http://example.com/{source}/{i}/{j}"), "change": "updated"}))
+                    .collect();
+                let Ok(resp) = client
+                    .post(format!("{url}/channels/{CHANNEL}/changes"))
+                    .bearer_auth(TOKEN)
+                    .json(&changes)
+                    .send()
+                    .await
+                else {
+                    return;
+                };
+                if resp.status() != 202 {
+                    return;
+                }
+                let Ok(json) = resp.json::<serde_json::Value>().await else { return };
+                acked
+                    .lock()
+                    .unwrap()
+                    .push((json["first"].as_u64().unwrap(), json["last"].as_u64().unwrap()));
+            }
+        }));
+    }
+    wait_until(
+        "some changes acknowledged",
+        Duration::from_secs(30),
+        || async { acked.lock().unwrap().len() >= 150 },
+    )
+    .await;
+    hub.kill9();
+    dead.store(true, Ordering::SeqCst);
+    for s in sources {
+        s.await.unwrap();
+    }
+    let acked = acked.lock().unwrap().clone();
+    let max_acked = acked.iter().map(|a| a.1).max().unwrap();
+
+    let hub = HubProcess::start(dir.path()).await;
+    let seqs = all_seqs(&hub.url).await;
+    assert!(!seqs.is_empty());
+    assert_eq!(
+        seqs,
+        (1..=*seqs.last().unwrap()).collect::<Vec<_>>(),
+        "gapless"
+    );
+    for (first, last) in &acked {
+        assert!(
+            *last <= *seqs.last().unwrap(),
+            "acknowledged {first}-{last} survived"
+        );
+    }
+    assert!(*seqs.last().unwrap() >= max_acked);
+
+    // The subscription survived, and the subscriber gets everything, the rest included.
+    let (status, _) = {
+        let resp = client
+            .post(format!("{}/channels/{CHANNEL}/changes", hub.url))
+            .bearer_auth(TOKEN)
+            .json(&serde_json::json!({"loc": "http://example.com/after", "change": "created"}))
+            .send()
+            .await
+            .unwrap();
+        (resp.status(), ())
+    };
+    assert_eq!(status, 202);
+    let head = *seqs.last().unwrap() + 1;
+    receiver.wait_seq(head, Duration::from_secs(60)).await;
+    let mut got = receiver.delivered_seqs();
+    got.sort();
+    got.dedup();
+    assert_eq!(
+        got,
+        (1..=head).collect::<Vec<_>>(),
+        "every change delivered at least once"
+    );
+}

@@ -1,0 +1,10 @@
+//! Integration tests: the real hub over real sockets, with real callback receivers.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod bad_input;
+mod catchup;
+mod crash;
+mod end_to_end;
+mod websub;
