@@ -242,7 +242,8 @@ async fn bad_hub_requests_are_refused_and_subscribe_nothing() {
     let t = topic.as_str();
     let cb = "http://example.com/callback";
     let secret_200 = "s".repeat(200);
-    let cases: Vec<(&str, Vec<(&str, &str)>, u16, &str)> = vec![
+    type HubCase<'a> = (&'a str, Vec<(&'a str, &'a str)>, u16, &'a str);
+    let cases: Vec<HubCase> = vec![
         (
             "missing hub.mode",
             vec![("hub.topic", t), ("hub.callback", cb)],
