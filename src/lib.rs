@@ -77,6 +77,10 @@ pub async fn run(
     let config = Arc::new(config);
     let store = open_store(&config)?;
     let tasks = TaskTracker::new();
+    // Shutdown happens in three steps, each with its own token: the batchers flush what is
+    // pending (`batcher_cancel`), the workers deliver what is published and stop when idle
+    // (`drain`), and whatever still runs after the grace period is stopped (`cancel`).
+    let drain = CancellationToken::new();
     let cancel = CancellationToken::new();
 
     let feeds: Arc<BTreeMap<String, Arc<ChannelFeed>>> = Arc::new(
@@ -101,9 +105,10 @@ pub async fn run(
         feeds.clone(),
         tasks.clone(),
         cancel.clone(),
+        drain.clone(),
     );
     let resumed = fanout.resume().await?;
-    tasks.spawn(trim_loop(store.clone(), config.clone(), cancel.clone()));
+    tasks.spawn(trim_loop(store.clone(), config.clone(), drain.clone()));
 
     let state = http::AppState {
         config: config.clone(),
@@ -133,23 +138,26 @@ pub async fn run(
     {
         tracing::warn!("batchers did not finish in time");
     }
-    cancel.cancel();
+    tracing::info!("shutting down: delivering what is published");
+    drain.cancel();
     tasks.close();
     if tokio::time::timeout(SHUTDOWN_GRACE, tasks.wait())
         .await
         .is_err()
     {
-        tracing::warn!("background tasks did not finish in time");
+        tracing::warn!("deliveries did not finish in time; stopping them");
+        cancel.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(2), tasks.wait()).await;
     }
     served?;
     Ok(())
 }
 
-async fn trim_loop(store: Arc<dyn Store>, config: Arc<Config>, cancel: CancellationToken) {
+async fn trim_loop(store: Arc<dyn Store>, config: Arc<Config>, stop: CancellationToken) {
     let mut interval = tokio::time::interval(config.trim_interval);
     loop {
         tokio::select! {
-            _ = cancel.cancelled() => return,
+            _ = stop.cancelled() => return,
             _ = interval.tick() => {}
         }
         for channel in config.channels.values() {

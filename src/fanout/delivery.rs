@@ -9,6 +9,8 @@
 //! - While the worker is behind, it coalesces up to `max_batch` changes per request, read from
 //!   the log; when it is caught up it sends the bytes the batcher rendered (shared by all).
 //! - An expired lease or a 410 ends the subscription; nothing is delivered after expiry.
+//! - On shutdown (drain), a worker finishes delivering what is published, then stops when it
+//!   is caught up or has to wait for a retry.
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, LINK, RETRY_AFTER};
@@ -143,8 +145,12 @@ pub async fn run_worker(
         let range = match &state.pending {
             Some(p) if p.next_attempt_at > now => {
                 let wait = to_std(p.next_attempt_at - now).min(until_expiry);
+                if fanout.drain.is_cancelled() {
+                    return; // shutting down: the retry waits for the next start
+                }
                 tokio::select! {
                     _ = cancel.cancelled() => return,
+                    _ = fanout.drain.cancelled() => {}
                     _ = sub_rx.changed() => {}
                     _ = tokio::time::sleep(wait) => {}
                 }
@@ -154,8 +160,12 @@ pub async fn run_worker(
             None => {
                 let published = *published_rx.borrow_and_update();
                 if published <= state.cursor {
+                    if fanout.drain.is_cancelled() {
+                        return; // shutting down and caught up
+                    }
                     tokio::select! {
                         _ = cancel.cancelled() => return,
+                        _ = fanout.drain.cancelled() => {}
                         _ = sub_rx.changed() => {}
                         changed = published_rx.changed() => if changed.is_err() { return },
                         _ = tokio::time::sleep(until_expiry) => {}

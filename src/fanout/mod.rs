@@ -41,6 +41,8 @@ pub struct Fanout {
     pub client: reqwest::Client,
     tasks: TaskTracker,
     cancel: CancellationToken,
+    /// Set on shutdown: workers stop once they have nothing left to deliver now.
+    drain: CancellationToken,
     live: Mutex<(u64, HashMap<String, Handle>)>,
 }
 
@@ -51,6 +53,7 @@ impl Fanout {
         feeds: Arc<BTreeMap<String, Arc<ChannelFeed>>>,
         tasks: TaskTracker,
         cancel: CancellationToken,
+        drain: CancellationToken,
     ) -> Arc<Fanout> {
         let client = net::client(config.allow_private_callbacks, config.delivery_timeout);
         Arc::new(Fanout {
@@ -60,6 +63,7 @@ impl Fanout {
             client,
             tasks,
             cancel,
+            drain,
             live: Mutex::new((0, HashMap::new())),
         })
     }

@@ -72,8 +72,21 @@ struct AppendJob {
 
 pub struct EmbeddedStore {
     db: Arc<Database>,
-    appends: mpsc::UnboundedSender<AppendJob>,
+    /// `None` only while dropping.
+    appends: Option<mpsc::UnboundedSender<AppendJob>>,
+    writer: Option<std::thread::JoinHandle<()>>,
     heads: Arc<Mutex<HashMap<String, watch::Sender<u64>>>>,
+}
+
+impl Drop for EmbeddedStore {
+    /// Stops the writer thread and waits for it, so that the database file is closed when the
+    /// store is dropped and can be opened again at once.
+    fn drop(&mut self) {
+        self.appends.take();
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
+        }
+    }
 }
 
 fn unavailable(e: impl std::fmt::Display) -> StoreError {
@@ -109,13 +122,14 @@ impl EmbeddedStore {
         let (tx, rx) = mpsc::unbounded_channel();
         let writer_db = db.clone();
         let writer_heads = heads.clone();
-        std::thread::Builder::new()
+        let writer = std::thread::Builder::new()
             .name("changehub-writer".into())
             .spawn(move || writer_loop(writer_db, rx, writer_heads))
             .map_err(unavailable)?;
         Ok(EmbeddedStore {
             db,
-            appends: tx,
+            appends: Some(tx),
+            writer: Some(writer),
             heads,
         })
     }
@@ -292,6 +306,8 @@ impl Store for EmbeddedStore {
     ) -> Result<Appended, StoreError> {
         let (reply, answer) = oneshot::channel();
         self.appends
+            .as_ref()
+            .ok_or_else(|| StoreError::Unavailable("store closed".into()))?
             .send(AppendJob {
                 channel: channel.to_string(),
                 changes,

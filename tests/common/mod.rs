@@ -63,6 +63,11 @@ impl TestHub {
     }
 
     pub async fn start_in(data_dir: PathBuf, tweak: impl FnOnce(&mut Config)) -> TestHub {
+        // Logs when RUST_LOG asks for them.
+        let _ = tracing_subscriber::fmt()
+            .with_test_writer()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .try_init();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let mut config = Config::new(addr, data_dir.clone()).with_channel(CHANNEL, TOKEN);

@@ -7,4 +7,5 @@ mod bad_input;
 mod catchup;
 mod crash;
 mod end_to_end;
+mod shutdown;
 mod websub;

@@ -1,0 +1,404 @@
+//! The store contract: one suite of behaviours every [`Store`] engine must show. Each engine
+//! gets the whole suite through `contract_tests!`, with a factory that opens a store and can
+//! open it again on the same data (to check durability).
+
+use changehub::change::{parse_w3c_datetime, ChangeType, NewChange};
+use changehub::config::Retention;
+use changehub::fanout::signing::Algorithm;
+use changehub::store::{
+    ChannelHead, DeliveryState, IdempotencyKey, PendingDelivery, Store, StoreError, Subscription,
+};
+use std::sync::Arc;
+use std::time::Duration;
+use time::OffsetDateTime;
+
+fn change(loc: &str) -> NewChange {
+    NewChange {
+        loc: format!("http://example.com/{loc}"),
+        change: ChangeType::Updated,
+        datetime: None,
+        lastmod: None,
+        hash: None,
+        length: None,
+        media_type: None,
+        links: vec![],
+    }
+}
+
+fn changes(prefix: &str, n: usize) -> Vec<NewChange> {
+    (0..n).map(|i| change(&format!("{prefix}/{i}"))).collect()
+}
+
+fn at(s: &str) -> OffsetDateTime {
+    parse_w3c_datetime(s).unwrap()
+}
+
+fn key(k: &str, fp: &str) -> Option<IdempotencyKey> {
+    Some(IdempotencyKey {
+        key: k.into(),
+        fingerprint: fp.into(),
+    })
+}
+
+fn subscription(n: u32) -> Subscription {
+    Subscription {
+        id: format!("sub-{n}"),
+        channel: "c".into(),
+        topic: "http://hub/channels/c/changelist.xml".into(),
+        callback: format!("http://example.com/cb/{n}"),
+        secret: Some("s3cret".into()),
+        algorithm: Algorithm::Sha512,
+        lease_seconds: 600,
+        expires_at: at("2030-01-01T00:00:00Z"),
+        created_at: at("2029-12-31T00:00:00Z"),
+    }
+}
+
+/// Opens stores for the suite: `open(n)` opens data set `n`; opening the same `n` again gives
+/// the same data.
+pub trait Engine {
+    fn open(&self) -> Arc<dyn Store>;
+}
+
+pub async fn appends_number_changes_from_one_without_gaps(e: &dyn Engine) {
+    let s = e.open();
+    let now = at("2024-01-01T00:00:00Z");
+    assert_eq!(s.head("c").await.unwrap(), ChannelHead::EMPTY);
+    let a = s.append("c", changes("a", 3), None, now).await.unwrap();
+    assert_eq!((a.accepted, a.first, a.last, a.replayed), (3, 1, 3, false));
+    let b = s.append("c", changes("b", 2), None, now).await.unwrap();
+    assert_eq!((b.first, b.last), (4, 5));
+    let other = s.append("d", changes("x", 1), None, now).await.unwrap();
+    assert_eq!(
+        (other.first, other.last),
+        (1, 1),
+        "channels are independent"
+    );
+    assert_eq!(
+        s.head("c").await.unwrap(),
+        ChannelHead { oldest: 1, last: 5 }
+    );
+
+    let all = s.read("c", 0, 100).await.unwrap();
+    assert_eq!(
+        all.iter().map(|c| c.seq).collect::<Vec<_>>(),
+        vec![1, 2, 3, 4, 5]
+    );
+    assert_eq!(all[3].loc, "http://example.com/b/0");
+    assert_eq!(
+        all[0].datetime, now,
+        "receipt time when the source gives none"
+    );
+    let page = s.read("c", 2, 2).await.unwrap();
+    assert_eq!(page.iter().map(|c| c.seq).collect::<Vec<_>>(), vec![3, 4]);
+    assert!(s.read("c", 5, 10).await.unwrap().is_empty());
+    let newest = s.read_newest("c", 2).await.unwrap();
+    assert_eq!(newest.iter().map(|c| c.seq).collect::<Vec<_>>(), vec![4, 5]);
+    assert_eq!(s.read_newest("c", 100).await.unwrap().len(), 5);
+}
+
+pub async fn concurrent_appends_stay_gapless(e: &dyn Engine) {
+    let s = e.open();
+    let mut tasks = Vec::new();
+    for t in 0..8 {
+        let s = s.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut got = Vec::new();
+            for i in 0..25 {
+                let a = s
+                    .append(
+                        "c",
+                        changes(&format!("{t}/{i}"), 1 + (i % 4)),
+                        None,
+                        OffsetDateTime::now_utc(),
+                    )
+                    .await
+                    .unwrap();
+                got.push((a.first, a.last));
+            }
+            got
+        }));
+    }
+    let mut ranges = Vec::new();
+    for t in tasks {
+        ranges.extend(t.await.unwrap());
+    }
+    ranges.sort();
+    let mut next = 1;
+    for (first, last) in ranges {
+        assert_eq!(first, next);
+        next = last + 1;
+    }
+    let all = s.read("c", 0, 10_000).await.unwrap();
+    assert_eq!(all.len() as u64, next - 1);
+    assert!(all
+        .windows(2)
+        .all(|w| w[0].seq + 1 == w[1].seq && w[0].datetime <= w[1].datetime));
+}
+
+pub async fn datetimes_never_go_backwards(e: &dyn Engine) {
+    let s = e.open();
+    let mut early = change("early");
+    early.datetime = Some(at("2020-01-01T00:00:00Z"));
+    let mut late = change("late");
+    late.datetime = Some(at("2030-01-01T00:00:00Z"));
+    let mut own = change("own");
+    own.datetime = Some(at("2021-01-01T00:00:00Z"));
+    own.lastmod = Some(at("2019-01-01T00:00:00Z"));
+    s.append(
+        "c",
+        vec![late, early, own],
+        None,
+        at("2024-01-01T00:00:00Z"),
+    )
+    .await
+    .unwrap();
+    let all = s.read("c", 0, 10).await.unwrap();
+    assert!(all.iter().all(|c| c.datetime == at("2030-01-01T00:00:00Z")));
+    assert_eq!(
+        all[1].lastmod,
+        Some(at("2020-01-01T00:00:00Z")),
+        "source time kept"
+    );
+    assert_eq!(
+        all[2].lastmod,
+        Some(at("2019-01-01T00:00:00Z")),
+        "own lastmod wins"
+    );
+    // Receipt time earlier than the latest change also takes the latest.
+    s.append("c", changes("now", 1), None, at("2024-06-01T00:00:00Z"))
+        .await
+        .unwrap();
+    assert_eq!(
+        s.read("c", 3, 1).await.unwrap()[0].datetime,
+        at("2030-01-01T00:00:00Z")
+    );
+}
+
+pub async fn idempotency_keys_replay_and_conflict(e: &dyn Engine) {
+    let s = e.open();
+    let now = at("2024-01-01T00:00:00Z");
+    let first = s
+        .append("c", changes("a", 2), key("k1", "fp"), now)
+        .await
+        .unwrap();
+    let again = s
+        .append("c", changes("a", 2), key("k1", "fp"), now)
+        .await
+        .unwrap();
+    assert!(again.replayed);
+    assert_eq!(
+        (again.first, again.last, again.accepted),
+        (first.first, first.last, 2)
+    );
+    assert_eq!(s.head("c").await.unwrap().last, 2, "nothing appended twice");
+    let conflict = s
+        .append("c", changes("b", 1), key("k1", "other"), now)
+        .await;
+    assert!(matches!(conflict, Err(StoreError::IdempotencyConflict)));
+    // Keys are per channel.
+    let d = s
+        .append("d", changes("a", 1), key("k1", "fp"), now)
+        .await
+        .unwrap();
+    assert!(!d.replayed);
+    // Keys expire: after the TTL (and a trim), the same key appends again.
+    let later = now + Duration::from_secs(25 * 3600);
+    let retention = Retention {
+        max_changes: 1_000,
+        max_age: None,
+    };
+    s.trim("c", retention, later).await.unwrap();
+    let fresh = s
+        .append("c", changes("a", 2), key("k1", "fp"), later)
+        .await
+        .unwrap();
+    assert!(!fresh.replayed);
+    assert_eq!((fresh.first, fresh.last), (3, 4));
+}
+
+pub async fn retention_trims_by_count_and_age(e: &dyn Engine) {
+    let s = e.open();
+    for day in 1..=9 {
+        let mut c = change(&format!("d{day}"));
+        c.datetime = Some(at(&format!("2024-01-0{day}T00:00:00Z")));
+        s.append("c", vec![c], None, at("2024-02-01T00:00:00Z"))
+            .await
+            .unwrap();
+    }
+    let now = at("2024-01-09T12:00:00Z");
+    let by_count = Retention {
+        max_changes: 6,
+        max_age: None,
+    };
+    assert_eq!(s.trim("c", by_count, now).await.unwrap(), 3);
+    assert_eq!(
+        s.head("c").await.unwrap(),
+        ChannelHead { oldest: 4, last: 9 }
+    );
+    assert_eq!(s.read("c", 0, 100).await.unwrap()[0].seq, 4);
+    // Older than 3 days: days 4, 5 and 6 (before Jan 6 12:00) go.
+    let by_age = Retention {
+        max_changes: 100,
+        max_age: Some(Duration::from_secs(3 * 86_400)),
+    };
+    assert_eq!(s.trim("c", by_age, now).await.unwrap(), 3);
+    assert_eq!(
+        s.head("c").await.unwrap(),
+        ChannelHead { oldest: 7, last: 9 }
+    );
+    // The newest change is always kept, however old.
+    let far = at("2030-01-01T00:00:00Z");
+    s.trim("c", by_age, far).await.unwrap();
+    assert_eq!(
+        s.head("c").await.unwrap(),
+        ChannelHead { oldest: 9, last: 9 }
+    );
+    // Seqs continue after trimming.
+    let a = s.append("c", changes("z", 1), None, far).await.unwrap();
+    assert_eq!(a.first, 10);
+}
+
+pub async fn watch_head_follows_appends(e: &dyn Engine) {
+    let s = e.open();
+    s.append("c", changes("a", 2), None, OffsetDateTime::now_utc())
+        .await
+        .unwrap();
+    let mut rx = s.watch_head("c");
+    assert_eq!(*rx.borrow_and_update(), 2);
+    s.append("c", changes("b", 3), None, OffsetDateTime::now_utc())
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), rx.changed())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(*rx.borrow_and_update(), 5);
+}
+
+pub async fn subscriptions_and_delivery_state(e: &dyn Engine) {
+    let s = e.open();
+    assert!(s.subscriptions().await.unwrap().is_empty());
+    s.put_subscription(&subscription(1)).await.unwrap();
+    s.put_subscription(&subscription(2)).await.unwrap();
+    let mut replaced = subscription(1);
+    replaced.secret = None;
+    s.put_subscription(&replaced).await.unwrap();
+    let mut subs = s.subscriptions().await.unwrap();
+    subs.sort_by(|a, b| a.id.cmp(&b.id));
+    assert_eq!(subs, vec![replaced, subscription(2)]);
+
+    assert_eq!(s.delivery("sub-1").await.unwrap(), None);
+    let state = DeliveryState {
+        cursor: 41,
+        pending: Some(PendingDelivery {
+            first: 42,
+            last: 50,
+            attempts: 3,
+            first_attempt_at: at("2024-01-01T00:00:00Z"),
+            next_attempt_at: at("2024-01-01T00:05:00Z"),
+        }),
+        last_success: Some(at("2023-12-31T00:00:00Z")),
+        last_error: Some("callback answered 503".into()),
+    };
+    s.put_delivery("sub-1", &state).await.unwrap();
+    assert_eq!(s.delivery("sub-1").await.unwrap(), Some(state));
+
+    assert!(s.delete_subscription("sub-1").await.unwrap());
+    assert!(!s.delete_subscription("sub-1").await.unwrap());
+    assert_eq!(
+        s.delivery("sub-1").await.unwrap(),
+        None,
+        "delivery state goes with it"
+    );
+    assert_eq!(s.subscriptions().await.unwrap().len(), 1);
+    s.ping().await.unwrap();
+}
+
+pub async fn data_survives_reopening(e: &dyn Engine) {
+    {
+        let s = e.open();
+        s.append(
+            "c",
+            changes("a", 4),
+            key("k", "fp"),
+            OffsetDateTime::now_utc(),
+        )
+        .await
+        .unwrap();
+        s.put_subscription(&subscription(7)).await.unwrap();
+        s.put_delivery(
+            "sub-7",
+            &DeliveryState {
+                cursor: 3,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    }
+    let s = e.open();
+    assert_eq!(s.head("c").await.unwrap().last, 4);
+    assert_eq!(s.read("c", 0, 10).await.unwrap().len(), 4);
+    assert_eq!(s.subscriptions().await.unwrap(), vec![subscription(7)]);
+    let replay = s
+        .append(
+            "c",
+            changes("a", 4),
+            key("k", "fp"),
+            OffsetDateTime::now_utc(),
+        )
+        .await
+        .unwrap();
+    assert!(replay.replayed, "idempotency keys are durable");
+    let next = s
+        .append("c", changes("b", 1), None, OffsetDateTime::now_utc())
+        .await
+        .unwrap();
+    assert_eq!(next.first, 5);
+}
+
+macro_rules! contract_tests {
+    ($engine:ident, $make:expr) => {
+        mod $engine {
+            use super::*;
+            contract_tests!(@each $make;
+                appends_number_changes_from_one_without_gaps,
+                concurrent_appends_stay_gapless,
+                datetimes_never_go_backwards,
+                idempotency_keys_replay_and_conflict,
+                retention_trims_by_count_and_age,
+                watch_head_follows_appends,
+                subscriptions_and_delivery_state,
+                data_survives_reopening,
+            );
+        }
+    };
+    (@each $make:expr; $($test:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $test() {
+                let engine = $make;
+                super::$test(&engine).await;
+            }
+        )*
+    };
+}
+
+/// The embedded store, in a temporary folder.
+struct Embedded {
+    dir: tempfile::TempDir,
+}
+
+impl Engine for Embedded {
+    fn open(&self) -> Arc<dyn Store> {
+        Arc::new(changehub::store::EmbeddedStore::open(self.dir.path()).unwrap())
+    }
+}
+
+contract_tests!(
+    embedded,
+    Embedded {
+        dir: tempfile::tempdir().unwrap()
+    }
+);
