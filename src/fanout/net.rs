@@ -90,7 +90,6 @@ pub fn client(allow_private: bool, timeout: Duration) -> reqwest::Client {
         .redirect(reqwest::redirect::Policy::none())
         .timeout(timeout)
         .connect_timeout(timeout.min(Duration::from_secs(10)))
-        .pool_max_idle_per_host(32)
         .user_agent(concat!("changehub/", env!("CARGO_PKG_VERSION")));
     if !allow_private {
         builder = builder.dns_resolver(Arc::new(PublicOnlyResolver));

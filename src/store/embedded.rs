@@ -1,12 +1,13 @@
 //! The embedded store: one redb file in the data folder, crash-safe (copy-on-write B-trees,
 //! fsync on commit), no server to install.
 //!
-//! Appends go through one writer thread that takes every append waiting in its queue and
-//! commits them in one write transaction (group commit): concurrent sources share an fsync.
-//! Other writes (subscriptions, delivery state, trimming) use their own short transactions.
-//! Delivery state is committed without fsync ([`Durability::None`]): it becomes durable with the
-//! next durable commit, and losing it in a crash only means a notification is delivered again —
-//! which at-least-once delivery allows.
+//! Appends and delivery-state updates go through one writer thread that takes every write
+//! waiting in its queue and commits them in one write transaction (group commit): concurrent
+//! sources share an fsync, and a thousand workers reporting deliveries share one transaction.
+//! A commit holding only delivery state is not fsynced ([`Durability::None`]): it becomes
+//! durable with the next durable commit, and losing it in a crash only means a notification is
+//! delivered again — which at-least-once delivery allows. Rare writes (subscriptions,
+//! trimming) use their own short transactions.
 
 use async_trait::async_trait;
 use redb::{
@@ -70,10 +71,23 @@ struct AppendJob {
     reply: oneshot::Sender<Result<Appended, StoreError>>,
 }
 
+/// A delivery-state update: frequent (one per delivery), so it is grouped like appends.
+struct DeliveryJob {
+    id: String,
+    bytes: Vec<u8>,
+    reply: oneshot::Sender<Result<(), StoreError>>,
+}
+
+/// What the writer thread commits.
+enum WriteJob {
+    Append(AppendJob),
+    Delivery(DeliveryJob),
+}
+
 pub struct EmbeddedStore {
     db: Arc<Database>,
     /// `None` only while dropping.
-    appends: Option<mpsc::UnboundedSender<AppendJob>>,
+    writes: Option<mpsc::UnboundedSender<WriteJob>>,
     writer: Option<std::thread::JoinHandle<()>>,
     heads: Arc<Mutex<HashMap<String, watch::Sender<u64>>>>,
 }
@@ -82,7 +96,7 @@ impl Drop for EmbeddedStore {
     /// Stops the writer thread and waits for it, so that the database file is closed when the
     /// store is dropped and can be opened again at once.
     fn drop(&mut self) {
-        self.appends.take();
+        self.writes.take();
         if let Some(writer) = self.writer.take() {
             let _ = writer.join();
         }
@@ -128,10 +142,18 @@ impl EmbeddedStore {
             .map_err(unavailable)?;
         Ok(EmbeddedStore {
             db,
-            appends: Some(tx),
+            writes: Some(tx),
             writer: Some(writer),
             heads,
         })
+    }
+
+    /// Hands a write to the writer thread.
+    fn write(&self, job: WriteJob) -> Result<(), StoreError> {
+        self.writes
+            .as_ref()
+            .and_then(|w| w.send(job).ok())
+            .ok_or_else(|| StoreError::Unavailable("store closed".into()))
     }
 
     /// Runs `f` on a blocking thread with the database.
@@ -155,10 +177,11 @@ fn channel_meta(db: &Database, channel: &str) -> Result<ChannelMeta, StoreError>
     }
 }
 
-/// The writer thread: takes every waiting append, commits them together, answers each.
+/// The writer thread: takes every waiting write, commits them in one transaction, answers
+/// each. The commit is fsynced when it holds an append; delivery state alone is not.
 fn writer_loop(
     db: Arc<Database>,
-    mut rx: mpsc::UnboundedReceiver<AppendJob>,
+    mut rx: mpsc::UnboundedReceiver<WriteJob>,
     heads: Arc<Mutex<HashMap<String, watch::Sender<u64>>>>,
 ) {
     while let Some(first) = rx.blocking_recv() {
@@ -169,21 +192,36 @@ fn writer_loop(
                 Err(_) => break,
             }
         }
+        let durable = jobs.iter().any(|j| matches!(j, WriteJob::Append(_)));
         let mut results = Vec::with_capacity(jobs.len());
         let outcome = (|| -> Result<HashMap<String, u64>, StoreError> {
-            let txn = db.begin_write().map_err(unavailable)?;
+            let mut txn = db.begin_write().map_err(unavailable)?;
+            if !durable {
+                txn.set_durability(Durability::None).map_err(unavailable)?;
+            }
             let mut new_heads = HashMap::new();
             for job in &mut jobs {
-                let changes = std::mem::take(&mut job.changes);
-                let result = append_in(&txn, job, changes);
-                match &result {
-                    Ok(a) if !a.replayed => {
-                        new_heads.insert(job.channel.clone(), a.last);
+                match job {
+                    WriteJob::Append(job) => {
+                        let changes = std::mem::take(&mut job.changes);
+                        let result = append_in(&txn, job, changes);
+                        match &result {
+                            Ok(a) if !a.replayed => {
+                                new_heads.insert(job.channel.clone(), a.last);
+                            }
+                            Err(StoreError::IdempotencyConflict) | Ok(_) => {}
+                            Err(e) => return Err(unavailable(e)),
+                        }
+                        results.push(result);
                     }
-                    Err(StoreError::IdempotencyConflict) | Ok(_) => {}
-                    Err(e) => return Err(unavailable(e)),
+                    WriteJob::Delivery(job) => {
+                        txn.open_table(DELIVERY)
+                            .map_err(unavailable)?
+                            .insert(job.id.as_str(), job.bytes.as_slice())
+                            .map_err(unavailable)?;
+                        results.push(Ok(Appended::default()));
+                    }
                 }
-                results.push(result);
             }
             txn.commit().map_err(unavailable)?;
             Ok(new_heads)
@@ -199,13 +237,27 @@ fn writer_loop(
                     }
                 }
                 for (job, result) in jobs.into_iter().zip(results) {
-                    let _ = job.reply.send(result);
+                    match job {
+                        WriteJob::Append(job) => {
+                            let _ = job.reply.send(result);
+                        }
+                        WriteJob::Delivery(job) => {
+                            let _ = job.reply.send(result.map(|_| ()));
+                        }
+                    }
                 }
             }
             Err(e) => {
-                tracing::error!(error = %e, "append transaction failed");
+                tracing::error!(error = %e, "write transaction failed");
                 for job in jobs {
-                    let _ = job.reply.send(Err(unavailable(&e)));
+                    match job {
+                        WriteJob::Append(job) => {
+                            let _ = job.reply.send(Err(unavailable(&e)));
+                        }
+                        WriteJob::Delivery(job) => {
+                            let _ = job.reply.send(Err(unavailable(&e)));
+                        }
+                    }
                 }
             }
         }
@@ -305,17 +357,13 @@ impl Store for EmbeddedStore {
         now: OffsetDateTime,
     ) -> Result<Appended, StoreError> {
         let (reply, answer) = oneshot::channel();
-        self.appends
-            .as_ref()
-            .ok_or_else(|| StoreError::Unavailable("store closed".into()))?
-            .send(AppendJob {
-                channel: channel.to_string(),
-                changes,
-                idempotency,
-                now,
-                reply,
-            })
-            .map_err(|_| StoreError::Unavailable("writer stopped".into()))?;
+        self.write(WriteJob::Append(AppendJob {
+            channel: channel.to_string(),
+            changes,
+            idempotency,
+            now,
+            reply,
+        }))?;
         answer
             .await
             .map_err(|_| StoreError::Unavailable("writer stopped".into()))?
@@ -488,18 +536,15 @@ impl Store for EmbeddedStore {
     }
 
     async fn put_delivery(&self, sub_id: &str, state: &DeliveryState) -> Result<(), StoreError> {
-        let id = sub_id.to_string();
-        let bytes = encode(state)?;
-        self.blocking(move |db| {
-            let mut txn = db.begin_write().map_err(unavailable)?;
-            txn.set_durability(Durability::None).map_err(unavailable)?;
-            txn.open_table(DELIVERY)
-                .map_err(unavailable)?
-                .insert(id.as_str(), bytes.as_slice())
-                .map_err(unavailable)?;
-            txn.commit().map_err(unavailable)
-        })
-        .await
+        let (reply, answer) = oneshot::channel();
+        self.write(WriteJob::Delivery(DeliveryJob {
+            id: sub_id.to_string(),
+            bytes: encode(state)?,
+            reply,
+        }))?;
+        answer
+            .await
+            .map_err(|_| StoreError::Unavailable("writer stopped".into()))?
     }
 
     async fn delivery(&self, sub_id: &str) -> Result<Option<DeliveryState>, StoreError> {

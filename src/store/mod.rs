@@ -48,7 +48,7 @@ pub struct IdempotencyKey {
 }
 
 /// The result of an append: the seqs given to the changes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Appended {
     pub accepted: usize,
     pub first: u64,
