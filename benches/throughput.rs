@@ -10,6 +10,9 @@
 //!   same body to the same receiver with the same concurrency (one sequential sender per
 //!   subscriber).
 //!
+//! - Change List: time to serve the open `changelist.xml` at its largest (50,000 entries).
+//!   Baseline: the same bytes served as a static body by a minimal server.
+//!
 //! Run: `cargo bench --bench throughput` (set `BENCH_SCALE=0.2` for a quicker, rougher run).
 //! All traffic stays on 127.0.0.1; every loop is bounded in count.
 
@@ -300,6 +303,67 @@ async fn bench_fanout() {
     );
 }
 
+/// Serving the open Change List at its largest (50,000 entries), against serving a static body
+/// of the same size from the minimal server.
+async fn bench_changelist() {
+    let (hub, _dir) = start_hub(|_| {}).await;
+    push_load(&format!("{hub}/channels/bench/changes"), true, 5, 100, 100).await;
+    let client = reqwest::Client::new();
+    let url = format!("{hub}/channels/bench/changelist.xml");
+    let body = client
+        .get(&url)
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let entries = body.windows(5).filter(|w| w == b"<url>").count();
+
+    let static_body = body.clone();
+    let app = Router::new().route(
+        "/static.xml",
+        get(move || async move { static_body.clone() }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let median = |url: String| {
+        let client = client.clone();
+        async move {
+            let mut times = Vec::new();
+            for _ in 0..scale(15).max(3) {
+                let start = Instant::now();
+                let b = client
+                    .get(&url)
+                    .send()
+                    .await
+                    .unwrap()
+                    .bytes()
+                    .await
+                    .unwrap();
+                times.push(start.elapsed());
+                assert!(!b.is_empty());
+            }
+            times.sort();
+            times[times.len() / 2]
+        }
+    };
+    let hub_time = median(url).await;
+    let static_time = median(format!("http://{addr}/static.xml")).await;
+    println!(
+        "changelist.xml: {entries} entries, {} bytes\n  \
+         hub:                       {:>8.1} ms (median)\n  \
+         baseline (static bytes):   {:>8.1} ms (median)\n  \
+         ratio: {:.2}",
+        body.len(),
+        hub_time.as_secs_f64() * 1e3,
+        static_time.as_secs_f64() * 1e3,
+        hub_time.as_secs_f64() / static_time.as_secs_f64()
+    );
+}
+
 fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -308,5 +372,6 @@ fn main() {
     runtime.block_on(async {
         bench_ingest().await;
         bench_fanout().await;
+        bench_changelist().await;
     });
 }
