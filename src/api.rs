@@ -15,7 +15,7 @@ use crate::store::PendingDelivery;
 
 fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     match &state.config.admin_token {
-        Some(token) => check_bearer(headers, token),
+        Some(token) => check_bearer(headers, token, "the admin API"),
         None => Err(ApiError::not_found(
             "the admin API is disabled; start the hub with --admin-token",
         )),

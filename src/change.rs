@@ -10,7 +10,7 @@ use std::fmt;
 use time::format_description::well_known::Rfc3339;
 use time::{Date, Month, OffsetDateTime, PrimitiveDateTime, Time, UtcOffset};
 
-/// Longest `loc` (and link `href`) accepted, in bytes.
+/// Longest `loc` (and link `href`) accepted, in characters.
 pub const MAX_URI_LEN: usize = 2048;
 /// Longest free-text attribute (`hash`, `type`, link attributes) accepted, in bytes.
 pub const MAX_ATTR_LEN: usize = 1024;
@@ -206,7 +206,7 @@ impl NewChange {
 }
 
 fn check_uri(uri: &str) -> Result<(), String> {
-    if uri.len() > MAX_URI_LEN {
+    if uri.chars().count() > MAX_URI_LEN {
         return Err(format!("longer than {MAX_URI_LEN} characters"));
     }
     let parsed = url::Url::parse(uri).map_err(|e| format!("not an absolute URI ({e})"))?;

@@ -216,8 +216,9 @@ pub fn parse_body(
     Ok(changes)
 }
 
-/// Checks `Authorization: Bearer <token>` against the channel's token, in constant time.
-pub fn check_bearer(headers: &HeaderMap, token: &str) -> Result<(), ApiError> {
+/// Checks `Authorization: Bearer <token>` against `token` (the channel's, or the admin
+/// token: `what` names it in the refusal), in constant time.
+pub fn check_bearer(headers: &HeaderMap, token: &str, what: &str) -> Result<(), ApiError> {
     let Some(value) = headers.get(http::header::AUTHORIZATION) else {
         return Err(ApiError::unauthorized(
             "missing Authorization: Bearer token",
@@ -241,7 +242,7 @@ pub fn check_bearer(headers: &HeaderMap, token: &str) -> Result<(), ApiError> {
     if !equal {
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
-            "wrong token for this channel",
+            format!("wrong token for {what}"),
         ));
     }
     Ok(())
@@ -259,7 +260,7 @@ pub async fn post_changes(
         .channels
         .get(&name)
         .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("no channel {name:?}")))?;
-    check_bearer(&headers, &channel.token)?;
+    check_bearer(&headers, &channel.token, "this channel")?;
 
     let content_type = headers
         .get(http::header::CONTENT_TYPE)
@@ -373,6 +374,18 @@ mod tests {
             .index
             .is_none());
         assert!(parse_body(Format::Json, b"42", 10).is_err());
+    }
+
+    #[test]
+    fn proto_examples_are_accepted() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/proto/examples/");
+        let json = std::fs::read(format!("{dir}changes.json")).unwrap();
+        let ndjson = std::fs::read(format!("{dir}changes.ndjson")).unwrap();
+        let from_json = parse_body(Format::Json, &json, 100).unwrap();
+        let from_ndjson = parse_body(Format::NdJson, &ndjson, 100).unwrap();
+        assert_eq!(from_json, from_ndjson);
+        let xml = std::fs::read(format!("{dir}changelist.xml")).unwrap();
+        assert!(!parse_body(Format::Xml, &xml, 100).unwrap().is_empty());
     }
 
     #[test]

@@ -75,6 +75,9 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
     let config = Arc::new(config);
+    if !config.allow_external_topics.is_empty() {
+        tracing::warn!("--allow-external-topics is not supported yet; external topics are refused");
+    }
     let store = open_store(&config)?;
     let tasks = TaskTracker::new();
     // Shutdown happens in three steps, each with its own token: the batchers flush what is

@@ -103,6 +103,9 @@ pub fn parse_request(body: &[u8], allow_private: bool) -> Result<Request, Refusa
     }
     let callback = url::Url::parse(&callback)
         .map_err(|e| bad(format!("hub.callback is not an absolute URL: {e}")))?;
+    if !matches!(callback.scheme(), "http" | "https") {
+        return Err(bad("hub.callback must be an http or https URL"));
+    }
     if callback.fragment().is_some() {
         return Err(bad("hub.callback must not have a fragment"));
     }
