@@ -119,3 +119,13 @@ pub async fn delete_subscription(
         Err(ApiError::not_found(format!("no subscription {id:?}")))
     }
 }
+
+/// `GET /api/live`: websocket connections open now, and slow clients closed so far.
+pub async fn live(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+    authorize(&state, &headers)?;
+    Ok(Json(serde_json::json!({
+        "connections": state.connections.open(),
+        "slow_closes": state.connections.slow_closes.load(std::sync::atomic::Ordering::Relaxed),
+    }))
+    .into_response())
+}

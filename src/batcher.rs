@@ -10,7 +10,7 @@
 
 use bytes::Bytes;
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
@@ -33,6 +33,8 @@ pub struct Notification {
     pub changes: Vec<Change>,
     /// The Change List document, as delivered to every subscriber.
     pub body: Bytes,
+    /// The websocket / SSE frame, rendered on first use and shared by every live client.
+    pub json: OnceLock<axum::extract::ws::Utf8Bytes>,
 }
 
 /// Renders changes `first..=last` of a channel as a notification document. Deterministic: the
@@ -58,6 +60,7 @@ pub fn render_notification(config: &Config, channel: &str, changes: Vec<Change>)
         last,
         changes,
         body,
+        json: OnceLock::new(),
     }
 }
 

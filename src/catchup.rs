@@ -23,12 +23,24 @@ pub const MAX_LIST: usize = 50_000;
 /// Default page size of `changes?after=`.
 pub const DEFAULT_PAGE: usize = 1_000;
 
-fn channel<'a>(state: &'a AppState, name: &str) -> Result<&'a ChannelConfig, ApiError> {
-    state
+/// The channel, if it exists and `headers` / `token` may read it (private channels).
+fn channel<'a>(
+    state: &'a AppState,
+    name: &str,
+    headers: &HeaderMap,
+    token: Option<&str>,
+) -> Result<&'a ChannelConfig, ApiError> {
+    let channel = state
         .config
         .channels
         .get(name)
-        .ok_or_else(|| ApiError::not_found(format!("no channel {name:?}")))
+        .ok_or_else(|| ApiError::not_found(format!("no channel {name:?}")))?;
+    if !crate::live::read_allowed(channel, crate::live::request_token(headers, token)) {
+        return Err(ApiError::unauthorized(
+            "this channel is private: give its read token",
+        ));
+    }
+    Ok(channel)
 }
 
 fn xml(body: Vec<u8>) -> Response {
@@ -55,9 +67,10 @@ fn hub_links(state: &AppState, name: &str) -> Option<HeaderValue> {
 pub async fn changelist(
     State(state): State<AppState>,
     Path(name): Path<String>,
+    Query(q): Query<TokenQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    channel(&state, &name)?;
+    channel(&state, &name, &headers, q.token.as_deref())?;
     let head = state.store.head(&name).await?;
     let etag = format!("\"{}-{}\"", head.oldest, head.last);
     let mut response = if headers
@@ -102,6 +115,12 @@ pub async fn changelist(
 pub struct AfterQuery {
     after: Option<String>,
     limit: Option<String>,
+    token: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct TokenQuery {
+    token: Option<String>,
 }
 
 /// `GET /channels/{name}/changes?after=SEQ&limit=N`
@@ -109,8 +128,9 @@ pub async fn changes_after(
     State(state): State<AppState>,
     Path(name): Path<String>,
     Query(q): Query<AfterQuery>,
+    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    channel(&state, &name)?;
+    channel(&state, &name, &headers, q.token.as_deref())?;
     let after = match q.after.as_deref() {
         None => 0,
         Some(s) => s
@@ -187,8 +207,10 @@ pub async fn changes_after(
 pub async fn capability_list(
     State(state): State<AppState>,
     Path(name): Path<String>,
+    Query(q): Query<TokenQuery>,
+    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    channel(&state, &name)?;
+    channel(&state, &name, &headers, q.token.as_deref())?;
     let links = [
         DocLink {
             rel: "up".into(),

@@ -118,6 +118,26 @@ pub struct ServeArgs {
     /// How often retention is applied (default 10s).
     #[arg(long, env = "CHANGEHUB_TRIM_INTERVAL", value_parser = parse_duration, hide = true)]
     pub trim_interval: Option<Duration>,
+    /// Make a channel private: websocket, SSE and catch-up reads need this token
+    /// (`NAME=TOKEN`, repeatable).
+    #[arg(
+        long = "read-token",
+        env = "CHANGEHUB_READ_TOKENS",
+        value_delimiter = ','
+    )]
+    pub read_tokens: Vec<String>,
+    /// Most websocket connections from one IP address (default 1000).
+    #[arg(long, env = "CHANGEHUB_WS_MAX_CONNECTIONS_PER_IP")]
+    pub ws_max_connections_per_ip: Option<usize>,
+    /// Most channel subscriptions on one websocket (default 64).
+    #[arg(long, env = "CHANGEHUB_WS_MAX_SUBSCRIPTIONS")]
+    pub ws_max_subscriptions: Option<usize>,
+    /// Outgoing frames queued per websocket before a slow client is closed (default 256).
+    #[arg(long, env = "CHANGEHUB_WS_QUEUE")]
+    pub ws_queue: Option<usize>,
+    /// Interval of websocket pings (default 30s).
+    #[arg(long, env = "CHANGEHUB_WS_PING", value_parser = parse_duration)]
+    pub ws_ping: Option<Duration>,
 }
 
 /// The TOML file: the same settings, plus per-channel tables.
@@ -154,6 +174,11 @@ struct FileConfig {
     retain_changes: Option<u64>,
     #[serde(default, with = "humantime_serde_opt")]
     retain_for: Option<Duration>,
+    ws_max_connections_per_ip: Option<usize>,
+    ws_max_subscriptions: Option<usize>,
+    ws_queue: Option<usize>,
+    #[serde(default, with = "humantime_serde_opt")]
+    ws_ping: Option<Duration>,
     #[serde(default)]
     channels: BTreeMap<String, FileChannel>,
 }
@@ -162,6 +187,7 @@ struct FileConfig {
 #[serde(deny_unknown_fields)]
 struct FileChannel {
     token: String,
+    read_token: Option<String>,
     retain_changes: Option<u64>,
     #[serde(default, with = "humantime_serde_opt")]
     retain_for: Option<Duration>,
@@ -195,8 +221,23 @@ pub struct Retention {
 #[derive(Debug, Clone)]
 pub struct ChannelConfig {
     pub name: String,
+    /// The publisher's token (ingest).
     pub token: String,
+    /// When set, the channel is private: reads (websocket, SSE, catch-up) need this token.
+    pub read_token: Option<String>,
     pub retention: Retention,
+}
+
+/// Limits of the websocket endpoint.
+#[derive(Debug, Clone, Copy)]
+pub struct LiveLimits {
+    pub max_connections_per_ip: usize,
+    pub max_subscriptions: usize,
+    /// Largest client frame, bytes.
+    pub max_frame: usize,
+    /// Outgoing frames queued per connection before a slow client is closed.
+    pub queue: usize,
+    pub ping: Duration,
 }
 
 /// The resolved configuration the hub runs with.
@@ -222,6 +263,7 @@ pub struct Config {
     pub delivery_timeout: Duration,
     pub signature_algorithm: Algorithm,
     pub trim_interval: Duration,
+    pub live: LiveLimits,
 }
 
 impl Config {
@@ -244,6 +286,7 @@ impl Config {
             ChannelConfig {
                 name: name.to_string(),
                 token: token.to_string(),
+                read_token: None,
                 retention: DEFAULT_RETENTION,
             },
         );
@@ -336,6 +379,7 @@ impl ServeArgs {
             let config = ChannelConfig {
                 name: name.clone(),
                 token: ch.token,
+                read_token: ch.read_token,
                 retention: Retention {
                     max_changes: ch.retain_changes.unwrap_or(retention.max_changes),
                     max_age: ch.retain_for.or(retention.max_age),
@@ -352,9 +396,21 @@ impl ServeArgs {
                 .or_insert_with(|| ChannelConfig {
                     name: name.to_string(),
                     token: String::new(),
+                    read_token: None,
                     retention,
                 });
             entry.token = token.to_string();
+        }
+        for spec in self.read_tokens {
+            let (name, token) = spec
+                .split_once('=')
+                .ok_or_else(|| invalid(format!("--read-token {spec:?}: expected NAME=TOKEN")))?;
+            let channel = channels.get_mut(name).ok_or_else(|| {
+                invalid(format!(
+                    "--read-token {name:?}: no such channel (declare it with --channel)"
+                ))
+            })?;
+            channel.read_token = Some(token.to_string());
         }
         for ch in channels.values() {
             if !valid_channel_name(&ch.name) {
@@ -425,6 +481,23 @@ impl ServeArgs {
                 .trim_interval
                 .unwrap_or(Duration::from_secs(10))
                 .max(Duration::from_millis(10)),
+            live: LiveLimits {
+                max_connections_per_ip: self
+                    .ws_max_connections_per_ip
+                    .or(file.ws_max_connections_per_ip)
+                    .unwrap_or(1000),
+                max_subscriptions: self
+                    .ws_max_subscriptions
+                    .or(file.ws_max_subscriptions)
+                    .unwrap_or(64),
+                max_frame: 64 * 1024,
+                queue: self.ws_queue.or(file.ws_queue).unwrap_or(256).max(1),
+                ping: self
+                    .ws_ping
+                    .or(file.ws_ping)
+                    .unwrap_or(Duration::from_secs(30))
+                    .max(Duration::from_millis(100)),
+            },
         };
         if config.max_batch == 0 {
             return Err(invalid("--max-batch must be at least 1".into()));

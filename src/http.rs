@@ -9,6 +9,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower_http::compression::CompressionLayer;
 
@@ -26,6 +27,10 @@ pub struct AppState {
     pub fanout: Arc<Fanout>,
     /// Background work started by handlers (verifications) runs here.
     pub tasks: TaskTracker,
+    /// Cancelled when shutdown begins: long-lived responses (websockets, event streams) end.
+    pub shutdown: CancellationToken,
+    /// Websocket connections per client address.
+    pub connections: Arc<crate::live::ws::Connections>,
 }
 
 /// An error answer: a status and a short reason, as JSON `{"error": …}` (with the index of the
@@ -105,7 +110,8 @@ impl IntoResponse for ApiError {
 
 /// Every route of the hub.
 pub fn router(state: AppState) -> Router {
-    use crate::{api, catchup, fanout::websub, ingest};
+    use crate::live::{dashboard, sse, ws};
+    use crate::{api, catchup, fanout::websub, ingest, live};
     let documents = Router::new()
         .route("/channels/{name}/changelist.xml", get(catchup::changelist))
         .route(
@@ -124,10 +130,17 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/hub", post(websub::hub))
         .route("/publish", post(websub::hub))
+        .route("/", get(dashboard::index))
+        .route("/assets/app.js", get(dashboard::app_js))
+        .route("/assets/style.css", get(dashboard::style_css))
+        .route("/ws", get(ws::upgrade))
+        .route("/channels", get(live::channels))
+        .route("/channels/{name}/events", get(sse::events))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/api/channels", get(api::channels))
         .route("/api/subscriptions", get(api::subscriptions))
+        .route("/api/live", get(api::live))
         .route(
             "/api/subscriptions/{id}",
             axum::routing::delete(api::delete_subscription),

@@ -15,6 +15,7 @@
 //! - [`batcher`]: cuts the log into notifications per channel.
 //! - [`fanout`]: WebSub subscriptions, verification, signed delivery with retries.
 //! - [`catchup`]: the documents subscribers pull to catch up, and discovery.
+//! - [`live`]: websockets, server-sent events and the dashboard.
 //! - [`http`]: state, router, errors, health.
 //! - [`api`]: the admin API.
 //! - [`config`]: `changehub serve` settings.
@@ -30,6 +31,7 @@ pub mod config;
 pub mod fanout;
 pub mod http;
 pub mod ingest;
+pub mod live;
 pub mod resourcesync;
 pub mod store;
 
@@ -85,6 +87,16 @@ pub async fn run(
     // (`drain`), and whatever still runs after the grace period is stopped (`cancel`).
     let drain = CancellationToken::new();
     let cancel = CancellationToken::new();
+    // `stopping` fires when `shutdown` completes: the server stops accepting, and websockets
+    // and event streams end.
+    let stopping = CancellationToken::new();
+    {
+        let stopping = stopping.clone();
+        tokio::spawn(async move {
+            shutdown.await;
+            stopping.cancel();
+        });
+    }
 
     let feeds: Arc<BTreeMap<String, Arc<ChannelFeed>>> = Arc::new(
         config
@@ -119,6 +131,8 @@ pub async fn run(
         feeds,
         fanout,
         tasks: tasks.clone(),
+        shutdown: stopping.clone(),
+        connections: Arc::default(),
     };
     let app = http::router(state);
     tracing::info!(
@@ -128,9 +142,12 @@ pub async fn run(
         subscriptions = resumed,
         "changehub serving"
     );
-    let served = axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await;
+    let served = axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+    )
+    .with_graceful_shutdown(stopping.clone().cancelled_owned())
+    .await;
 
     tracing::info!("shutting down: flushing batches");
     batcher_cancel.cancel();

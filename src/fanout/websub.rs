@@ -177,6 +177,15 @@ async fn process(fanout: Arc<Fanout>, request: Request) {
         .await;
         return;
     };
+    if channel.read_token.is_some() && request.mode == Mode::Subscribe {
+        deny(
+            &fanout,
+            &request,
+            "this channel is private; follow it over the websocket or SSE with its read token",
+        )
+        .await;
+        return;
+    }
     let config = &fanout.config;
     let lease = request
         .lease_seconds

@@ -204,6 +204,32 @@ impl TestHub {
         .await;
     }
 
+    /// Waits until the batcher has published everything up to `seq` (so that a follower
+    /// starting now replays it from the log).
+    pub async fn wait_published(&self, seq: u64) {
+        wait_until(
+            &format!("seq {seq} published"),
+            Duration::from_secs(10),
+            || async {
+                let channels: serde_json::Value = self
+                    .client
+                    .get(format!("{}/channels", self.url))
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+                channels
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|c| c["name"] == CHANNEL && c["published"].as_u64().unwrap() >= seq)
+            },
+        )
+        .await;
+    }
+
     /// Every seq in `changes?after=after`, following `rel=next` pages.
     pub async fn catch_up(&self, after: u64) -> Vec<u64> {
         let mut url = format!(
@@ -463,4 +489,93 @@ async fn on_post(State(state): State<ReceiverState>, headers: HeaderMap, body: B
             .insert("location", "http://127.0.0.1:9/elsewhere".parse().unwrap());
     }
     response
+}
+
+/// A websocket client of the hub's `/ws`.
+pub struct WsClient {
+    pub stream: tokio_tungstenite::WebSocketStream<
+        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+    >,
+}
+
+/// What a websocket read gave.
+#[derive(Debug)]
+pub enum WsRead {
+    Frame(serde_json::Value),
+    Closed(Option<(u16, String)>),
+}
+
+impl WsClient {
+    pub async fn connect(hub: &TestHub, query: &str) -> WsClient {
+        let url = format!("ws://{}/ws{query}", hub.addr);
+        let (stream, _) = tokio_tungstenite::connect_async(url).await.unwrap();
+        WsClient { stream }
+    }
+
+    pub async fn send(&mut self, frame: serde_json::Value) {
+        use futures_util::SinkExt;
+        self.stream
+            .send(tokio_tungstenite::tungstenite::Message::Text(
+                frame.to_string().into(),
+            ))
+            .await
+            .unwrap();
+    }
+
+    pub async fn subscribe(&mut self, channel: &str, since: Option<u64>) {
+        let mut frame = serde_json::json!({"op": "subscribe", "channel": channel});
+        if let Some(s) = since {
+            frame["since"] = s.into();
+        }
+        self.send(frame).await;
+    }
+
+    /// The next JSON frame or the close, failing after `deadline`.
+    pub async fn read(&mut self, deadline: Duration) -> WsRead {
+        use futures_util::StreamExt;
+        use tokio_tungstenite::tungstenite::Message;
+        loop {
+            let next = tokio::time::timeout(deadline, self.stream.next())
+                .await
+                .expect("websocket read timed out");
+            match next {
+                Some(Ok(Message::Text(t))) => {
+                    return WsRead::Frame(serde_json::from_str(t.as_str()).unwrap())
+                }
+                Some(Ok(Message::Close(frame))) => {
+                    return WsRead::Closed(frame.map(|f| (u16::from(f.code), f.reason.to_string())))
+                }
+                Some(Ok(_)) => continue,
+                Some(Err(_)) | None => return WsRead::Closed(None),
+            }
+        }
+    }
+
+    /// The next JSON frame; panics on close.
+    pub async fn frame(&mut self) -> serde_json::Value {
+        match self.read(Duration::from_secs(20)).await {
+            WsRead::Frame(f) => f,
+            WsRead::Closed(c) => panic!("websocket closed: {c:?}"),
+        }
+    }
+
+    /// Reads frames until a `notification` carrying seq `last` arrived; returns every seq
+    /// received (in order) and every frame type seen.
+    pub async fn collect_until(&mut self, last: u64) -> (Vec<u64>, Vec<String>) {
+        let mut seqs = Vec::new();
+        let mut kinds = Vec::new();
+        while seqs.last().copied().unwrap_or(0) < last {
+            let f = self.frame().await;
+            let kind = f["type"].as_str().unwrap().to_string();
+            if kind == "notification" {
+                let changes = f["changes"].as_array().unwrap();
+                let got: Vec<u64> = changes.iter().map(|c| c["seq"].as_u64().unwrap()).collect();
+                assert_eq!(f["first"].as_u64(), got.first().copied());
+                assert_eq!(f["last"].as_u64(), got.last().copied());
+                seqs.extend(got);
+            }
+            kinds.push(kind);
+        }
+        (seqs, kinds)
+    }
 }

@@ -7,5 +7,6 @@ mod bad_input;
 mod catchup;
 mod crash;
 mod end_to_end;
+mod live;
 mod shutdown;
 mod websub;

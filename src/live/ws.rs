@@ -1,0 +1,371 @@
+//! `GET /ws`: channels followed over a websocket.
+//!
+//! One task per connection owns the socket: it reads client frames, writes queued frames and
+//! pings. One task per channel subscription runs a [`Follower`] and queues its frames on the
+//! connection's bounded queue. Replay waits for room in the queue (the log is the buffer);
+//! live frames never wait: when the queue is full the client is too slow, and the connection is
+//! closed with code 4008 and a reason — the client resumes from its own cursor.
+//!
+//! Limits, each answered clearly: connections per IP (429 before the upgrade), subscriptions
+//! per connection (`error` frame), frame size (close 1009), unknown or private channels
+//! (`error` frames).
+
+use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
+use axum::extract::{ConnectInfo, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use futures_util::{SinkExt, StreamExt};
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::follow::{Event, Follower};
+use super::{frames, read_allowed};
+use crate::http::AppState;
+
+/// Close code for a client that cannot keep up.
+pub const CLOSE_SLOW: u16 = 4008;
+/// Close code when the hub shuts down.
+pub const CLOSE_GOING_AWAY: u16 = 1001;
+
+/// Websocket connections per client address, and counters for the admin API.
+#[derive(Default)]
+pub struct Connections {
+    per_ip: Mutex<HashMap<IpAddr, usize>>,
+    /// Connections closed because the client could not keep up.
+    pub slow_closes: std::sync::atomic::AtomicU64,
+}
+
+impl Connections {
+    /// Open connections, all addresses together.
+    pub fn open(&self) -> usize {
+        self.per_ip
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .sum()
+    }
+}
+
+/// Counts one connection until dropped.
+pub struct ConnectionGuard {
+    connections: Arc<Connections>,
+    ip: IpAddr,
+}
+
+impl Connections {
+    fn acquire(self: &Arc<Self>, ip: IpAddr, limit: usize) -> Option<ConnectionGuard> {
+        let mut per_ip = self.per_ip.lock().unwrap_or_else(|e| e.into_inner());
+        let n = per_ip.entry(ip).or_default();
+        if *n >= limit {
+            return None;
+        }
+        *n += 1;
+        Some(ConnectionGuard {
+            connections: self.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for ConnectionGuard {
+    fn drop(&mut self) {
+        let mut per_ip = self
+            .connections
+            .per_ip
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = per_ip.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                per_ip.remove(&self.ip);
+            }
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct WsQuery {
+    token: Option<String>,
+}
+
+/// `GET /ws`
+pub async fn upgrade(
+    ws: WebSocketUpgrade,
+    State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Query(query): Query<WsQuery>,
+) -> Response {
+    let limits = state.config.live;
+    let Some(guard) = state
+        .connections
+        .acquire(peer.ip(), limits.max_connections_per_ip)
+    else {
+        return (
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "too many websocket connections from {} (at most {})",
+                peer.ip(),
+                limits.max_connections_per_ip
+            ),
+        )
+            .into_response();
+    };
+    ws.read_buffer_size(4 * 1024)
+        .write_buffer_size(0)
+        .max_message_size(limits.max_frame)
+        .max_frame_size(limits.max_frame)
+        .on_upgrade(move |socket| async move {
+            connection(socket, state, query.token).await;
+            drop(guard);
+        })
+}
+
+/// What subscription tasks hand to the connection task.
+enum Out {
+    Frame(Utf8Bytes),
+    /// The queue overflowed: close with this reason.
+    Slow(String),
+}
+
+struct Connection {
+    state: AppState,
+    query_token: Option<String>,
+    queue: mpsc::Sender<Out>,
+    /// Set when a live frame found the queue full.
+    slow: CancellationToken,
+    slow_reason: Arc<Mutex<Option<String>>>,
+    subscriptions: HashMap<String, JoinHandle<()>>,
+}
+
+async fn connection(socket: WebSocket, state: AppState, query_token: Option<String>) {
+    let limits = state.config.live;
+    let shutdown = state.shutdown.clone();
+    let (mut sink, mut stream) = socket.split();
+    let (tx, mut rx) = mpsc::channel::<Out>(limits.queue);
+    let mut conn = Connection {
+        state,
+        query_token,
+        queue: tx,
+        slow: CancellationToken::new(),
+        slow_reason: Arc::default(),
+        subscriptions: HashMap::new(),
+    };
+    let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + limits.ping, limits.ping);
+    let close = |code: u16, mut reason: String| {
+        // A close reason holds at most 123 bytes.
+        while reason.len() > 123 {
+            reason.pop();
+        }
+        Message::Close(Some(CloseFrame {
+            code,
+            reason: reason.into(),
+        }))
+    };
+    let closing = loop {
+        tokio::select! {
+            incoming = stream.next() => match incoming {
+                Some(Ok(Message::Text(text))) => conn.on_frame(text.as_str()),
+                Some(Ok(Message::Binary(_))) => conn.reply(frames::error(
+                    "bad_frame", None, "frames are JSON text")),
+                Some(Ok(Message::Close(_))) | None => break None,
+                Some(Ok(_)) => {} // ping / pong: handled by the library
+                Some(Err(e)) => {
+                    let text = e.to_string().to_ascii_lowercase();
+                    let reason = if text.contains("too long") || text.contains("too big") || text.contains("limit") {
+                        (1009, format!("frame larger than {} bytes", limits.max_frame))
+                    } else {
+                        (1002, format!("protocol error: {e}"))
+                    };
+                    break Some(reason);
+                }
+            },
+            out = rx.recv() => match out {
+                Some(Out::Frame(frame)) => {
+                    let sent = tokio::select! {
+                        sent = sink.send(Message::Text(frame)) => sent,
+                        _ = conn.slow.cancelled() => break Some((CLOSE_SLOW, conn.slow_message())),
+                    };
+                    if sent.is_err() {
+                        break None;
+                    }
+                }
+                Some(Out::Slow(reason)) => break Some((CLOSE_SLOW, reason)),
+                None => break None,
+            },
+            _ = conn.slow.cancelled() => break Some((CLOSE_SLOW, conn.slow_message())),
+            _ = ping.tick() => {
+                if sink.send(Message::Ping(Default::default())).await.is_err() {
+                    break None;
+                }
+            }
+            _ = shutdown.cancelled() => break Some((CLOSE_GOING_AWAY, "the hub is shutting down; reconnect with your cursor".into())),
+        }
+    };
+    for task in conn.subscriptions.values() {
+        task.abort();
+    }
+    if let Some((code, reason)) = closing {
+        tracing::debug!(code, %reason, "closing websocket");
+        // A slow client gets time to read what is queued in the socket before the close frame.
+        let patience = if code == CLOSE_SLOW {
+            conn.state
+                .connections
+                .slow_closes
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Duration::from_secs(10)
+        } else {
+            Duration::from_secs(1)
+        };
+        let _ = tokio::time::timeout(patience, sink.send(close(code, reason))).await;
+    }
+}
+
+impl Connection {
+    fn slow_message(&self) -> String {
+        self.slow_reason
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .unwrap_or_else(|| "slow consumer".into())
+    }
+
+    /// Queues a control frame; a full queue means the client is too slow.
+    fn reply(&self, frame: String) {
+        if self.queue.try_send(Out::Frame(frame.into())).is_err() {
+            self.slow.cancel();
+        }
+    }
+
+    fn on_frame(&mut self, text: &str) {
+        let frame: frames::ClientFrame = match serde_json::from_str(text) {
+            Ok(f) => f,
+            Err(e) => {
+                return self.reply(frames::error(
+                    "bad_frame",
+                    None,
+                    &format!("not a client frame: {e}"),
+                ))
+            }
+        };
+        match frame {
+            frames::ClientFrame::Subscribe {
+                channel,
+                since,
+                token,
+            } => self.subscribe(channel, since, token),
+            frames::ClientFrame::Unsubscribe { channel } => {
+                match self.subscriptions.remove(&channel) {
+                    Some(task) => {
+                        task.abort();
+                        self.reply(frames::unsubscribed(&channel));
+                    }
+                    None => self.reply(frames::error(
+                        "not_subscribed",
+                        Some(&channel),
+                        "not subscribed to this channel",
+                    )),
+                }
+            }
+        }
+    }
+
+    fn subscribe(&mut self, channel: String, since: Option<u64>, token: Option<String>) {
+        let state = &self.state;
+        let Some(config) = state.config.channels.get(&channel) else {
+            return self.reply(frames::error(
+                "unknown_channel",
+                Some(&channel),
+                "no such channel",
+            ));
+        };
+        let token = token.as_deref().or(self.query_token.as_deref());
+        if !read_allowed(config, token) {
+            return self.reply(frames::error(
+                "unauthorized",
+                Some(&channel),
+                "this channel is private: give its read token (?token= or \"token\" in subscribe)",
+            ));
+        }
+        let limit = state.config.live.max_subscriptions;
+        if !self.subscriptions.contains_key(&channel) && self.subscriptions.len() >= limit {
+            return self.reply(frames::error(
+                "too_many_subscriptions",
+                Some(&channel),
+                &format!("at most {limit} subscriptions per connection"),
+            ));
+        }
+        let Some(feed) = state.feeds.get(&channel).cloned() else {
+            return self.reply(frames::error(
+                "unknown_channel",
+                Some(&channel),
+                "no such channel",
+            ));
+        };
+        if let Some(old) = self.subscriptions.remove(&channel) {
+            old.abort();
+        }
+        let follower = Follower::new(feed, state.store.clone(), since);
+        self.reply(frames::subscribed(&channel, since, follower.cursor()));
+        let task = tokio::spawn(follow(
+            follower,
+            channel.clone(),
+            self.queue.clone(),
+            self.slow.clone(),
+            self.slow_reason.clone(),
+            state.config.live.queue,
+        ));
+        self.subscriptions.insert(channel, task);
+    }
+}
+
+/// Runs one subscription: queues the follower's frames on the connection.
+async fn follow(
+    mut follower: Follower,
+    channel: String,
+    queue: mpsc::Sender<Out>,
+    slow: CancellationToken,
+    slow_reason: Arc<Mutex<Option<String>>>,
+    capacity: usize,
+) {
+    loop {
+        let before = follower.cursor();
+        let event = match follower.next().await {
+            Ok(Some(event)) => event,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(%channel, error = %e, "websocket follower cannot read the log");
+                let frame = frames::error(
+                    "unavailable",
+                    Some(&channel),
+                    "the store is unavailable; resubscribe with your cursor",
+                );
+                let _ = queue.send(Out::Frame(frame.into())).await;
+                return;
+            }
+        };
+        let frame = Out::Frame(frames::event(&channel, &event));
+        if matches!(event, Event::Live(..)) {
+            match queue.try_send(frame) {
+                Ok(()) => {}
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    let reason = format!(
+                        "slow consumer ({capacity} frames queued); resume {channel} since={before}"
+                    );
+                    *slow_reason.lock().unwrap_or_else(|e| e.into_inner()) = Some(reason.clone());
+                    slow.cancel();
+                    let _ = queue.try_send(Out::Slow(reason));
+                    return;
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => return,
+            }
+        } else if queue.send(frame).await.is_err() {
+            return;
+        }
+    }
+}
