@@ -72,7 +72,7 @@ function onFrame(frame) {
       ch.head = Math.max(ch.head, frame.last);
       ch.arrivals.push([Date.now(), frame.changes.length]);
       for (const c of frame.changes) {
-        state.rows.unshift({ seq: c.seq, channel: frame.channel, change: c.change, loc: c.loc, datetime: c.datetime });
+        state.rows.unshift({ seq: c.seq, channel: frame.channel, change: c.change, loc: c.loc, datetime: c.datetime.replace(/\.\d+Z$/, "Z") });
       }
       state.rows.length = Math.min(state.rows.length, MAX_ROWS);
       renderChanges();
