@@ -274,7 +274,7 @@ async fn minimal_server(port: u16) {
             "/ws",
             get(
                 |ws: WebSocketUpgrade, State(tx): State<broadcast::Sender<String>>| async move {
-                    ws.read_buffer_size(4096)
+                    ws.read_buffer_size(1024)
                         .write_buffer_size(0)
                         .on_upgrade(move |mut socket| async move {
                             let mut rx = tx.subscribe();

@@ -116,7 +116,9 @@ pub async fn upgrade(
         )
             .into_response();
     };
-    ws.read_buffer_size(4 * 1024)
+    // Small buffers keep idle connections cheap: client frames are small (a larger one grows
+    // the read buffer as needed), and writes go straight to the socket.
+    ws.read_buffer_size(1024)
         .write_buffer_size(0)
         .max_message_size(limits.max_frame)
         .max_frame_size(limits.max_frame)
