@@ -232,23 +232,7 @@ impl TestHub {
 
     /// Every seq in `changes?after=after`, following `rel=next` pages.
     pub async fn catch_up(&self, after: u64) -> Vec<u64> {
-        let mut url = format!(
-            "{}/channels/{CHANNEL}/changes?after={after}&limit=5000",
-            self.url
-        );
-        let mut seqs = Vec::new();
-        loop {
-            let resp = self.client.get(&url).send().await.unwrap();
-            assert_eq!(resp.status(), StatusCode::OK);
-            let body = resp.bytes().await.unwrap();
-            let (header, entries) =
-                changehub::resourcesync::parse_change_list(&body, &big_limits()).unwrap();
-            seqs.extend(entries.iter().map(|e| e.seq.expect("seq on every entry")));
-            match header.links.iter().find(|l| l.rel == "next") {
-                Some(next) => url = next.href.clone(),
-                None => return seqs,
-            }
-        }
+        catch_up(&self.client, &self.url, after).await
     }
 }
 
@@ -256,6 +240,24 @@ impl Drop for TestHub {
     fn drop(&mut self) {
         if let Some(task) = self.task.take() {
             task.abort();
+        }
+    }
+}
+
+/// Every seq of the `news` channel of the hub at `base` after `after`, following `rel=next`.
+pub async fn catch_up(client: &reqwest::Client, base: &str, after: u64) -> Vec<u64> {
+    let mut url = format!("{base}/channels/{CHANNEL}/changes?after={after}&limit=5000");
+    let mut seqs = Vec::new();
+    loop {
+        let resp = client.get(&url).send().await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        let body = resp.bytes().await.unwrap();
+        let (header, entries) =
+            changehub::resourcesync::parse_change_list(&body, &big_limits()).unwrap();
+        seqs.extend(entries.iter().map(|e| e.seq.expect("seq on every entry")));
+        match header.links.iter().find(|l| l.rel == "next") {
+            Some(next) => url = next.href.clone(),
+            None => return seqs,
         }
     }
 }

@@ -74,29 +74,6 @@ impl Drop for HubProcess {
     }
 }
 
-async fn all_seqs(url: &str) -> Vec<u64> {
-    let client = reqwest::Client::new();
-    let mut next = format!("{url}/channels/{CHANNEL}/changes?after=0&limit=5000");
-    let mut seqs = Vec::new();
-    loop {
-        let body = client
-            .get(&next)
-            .send()
-            .await
-            .unwrap()
-            .bytes()
-            .await
-            .unwrap();
-        let (header, entries) =
-            changehub::resourcesync::parse_change_list(&body, &big_limits()).unwrap();
-        seqs.extend(entries.iter().map(|e| e.seq.unwrap()));
-        match header.links.iter().find(|l| l.rel == "next") {
-            Some(l) => next = l.href.clone(),
-            None => return seqs,
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_loses_no_acknowledged_change() {
     let dir = tempfile::tempdir().unwrap();
@@ -187,7 +164,7 @@ async fn sigkill_loses_no_acknowledged_change() {
     let max_acked = acked.iter().map(|a| a.1).max().unwrap();
 
     let hub = HubProcess::start(dir.path()).await;
-    let seqs = all_seqs(&hub.url).await;
+    let seqs = catch_up(&client, &hub.url, 0).await;
     assert!(!seqs.is_empty());
     assert_eq!(
         seqs,
