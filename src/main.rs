@@ -1,9 +1,12 @@
 //! The `changehub` binary: parses the command line, starts logging, and hands over to the
-//! library ([`changehub::run`]). Nothing else lives here.
+//! library ([`changehub::run`]). The only client code that lives here is `changehub tail`
+//! ([`tail`]), a websocket client of the hub that the library does not need.
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use std::time::Duration;
+
+mod tail;
 
 #[derive(Parser)]
 #[command(
@@ -25,6 +28,12 @@ enum Command {
         /// Base URL of the hub, e.g. http://127.0.0.1:8080
         url: String,
     },
+    /// Follow a channel over the websocket, from a --since cursor.
+    ///
+    /// Prints one line per change on stdout (seq, change, datetime, loc; tab-separated) and the
+    /// protocol's events on stderr; reconnects with backoff and resumes after the last seq
+    /// printed.
+    Tail(tail::TailArgs),
 }
 
 #[tokio::main]
@@ -39,6 +48,7 @@ async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Serve(args) => serve(*args).await,
         Command::Healthcheck { url } => healthcheck(&url).await,
+        Command::Tail(args) => tail::run(args, shutdown_signal()).await,
     }
 }
 
