@@ -119,9 +119,11 @@ impl ChannelFeed {
             }
             recent.push_back(n.clone());
         }
-        let last = n.last;
+        // The seq first, then the broadcast: a follower that subscribes in between replays
+        // this notification from the log (and skips it live); the other order could leave it
+        // unseen until the next notification.
+        self.published.send_replace(n.last);
         let _ = self.live.send(n);
-        self.published.send_replace(last);
     }
 
     /// Marks everything up to `seq` as published without a notification (start-up: what was

@@ -2,7 +2,7 @@
 //! duplicate. Shared by the websocket and server-sent events.
 //!
 //! The follower subscribes to the channel's live broadcast *first*, then replays the log up to
-//! the published seq, then forwards live notifications, skipping every change whose seq it has
+//! the published seq (the feed updates that seq before it broadcasts), then forwards live notifications, skipping every change whose seq it has
 //! already sent. A notification published while the replay runs is therefore both in the log
 //! and in the broadcast, and is sent once. A follower that falls behind the broadcast (it
 //! lagged) goes back to replaying from the log at its cursor.

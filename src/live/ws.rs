@@ -4,7 +4,8 @@
 //! pings. One task per channel subscription runs a [`Follower`] and queues its frames on the
 //! connection's bounded queue. Replay waits for room in the queue (the log is the buffer);
 //! live frames never wait: when the queue is full the client is too slow, and the connection is
-//! closed with code 4008 and a reason — the client resumes from its own cursor.
+//! closed with code 4008 and a reason naming the last seq written to the socket for that
+//! channel — where the client resumes (frames still queued are dropped, never half-sent).
 //!
 //! Limits, each answered clearly: connections per IP (429 before the upgrade), subscriptions
 //! per connection (`error` frame), frame size (close 1009), unknown or private channels
@@ -30,6 +31,8 @@ use crate::http::AppState;
 
 /// Close code for a client that cannot keep up.
 pub const CLOSE_SLOW: u16 = 4008;
+/// How long a slow client gets to read what was already written before it is dropped.
+const SLOW_PATIENCE: Duration = Duration::from_secs(10);
 /// Close code when the hub shuts down.
 pub const CLOSE_GOING_AWAY: u16 = 1001;
 
@@ -128,21 +131,21 @@ pub async fn upgrade(
         })
 }
 
-/// What subscription tasks hand to the connection task.
-enum Out {
-    Frame(Utf8Bytes),
-    /// The queue overflowed: close with this reason.
-    Slow(String),
-}
+/// What subscription tasks hand to the connection task: a frame, and for frames carrying
+/// changes, their channel and last seq (so that a slow client is told where to resume).
+struct Out(Utf8Bytes, Option<(Arc<str>, u64)>);
 
 struct Connection {
     state: AppState,
     query_token: Option<String>,
     queue: mpsc::Sender<Out>,
-    /// Set when a live frame found the queue full.
+    /// Set when a live frame found the queue full; `slow_channel` names its channel.
     slow: CancellationToken,
-    slow_reason: Arc<Mutex<Option<String>>>,
+    slow_channel: Arc<Mutex<Option<Arc<str>>>>,
     subscriptions: HashMap<String, JoinHandle<()>>,
+    /// Per channel, the last seq written to the socket (the subscription's start before any).
+    written: HashMap<String, u64>,
+    slow_counted: bool,
 }
 
 async fn connection(socket: WebSocket, state: AppState, query_token: Option<String>) {
@@ -155,8 +158,10 @@ async fn connection(socket: WebSocket, state: AppState, query_token: Option<Stri
         query_token,
         queue: tx,
         slow: CancellationToken::new(),
-        slow_reason: Arc::default(),
+        slow_channel: Arc::default(),
         subscriptions: HashMap::new(),
+        written: HashMap::new(),
+        slow_counted: false,
     };
     let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + limits.ping, limits.ping);
     let close = |code: u16, mut reason: String| {
@@ -188,19 +193,36 @@ async fn connection(socket: WebSocket, state: AppState, query_token: Option<Stri
                 }
             },
             out = rx.recv() => match out {
-                Some(Out::Frame(frame)) => {
+                Some(Out(frame, changes)) => {
+                    let send = sink.send(Message::Text(frame));
+                    tokio::pin!(send);
                     let sent = tokio::select! {
-                        sent = sink.send(Message::Text(frame)) => sent,
-                        _ = conn.slow.cancelled() => break Some((CLOSE_SLOW, conn.slow_message())),
+                        sent = &mut send => sent,
+                        _ = conn.slow.cancelled() => {
+                            // Finish the frame being written (a slow client may still read it),
+                            // so that the close reason's seq is exactly what the client got.
+                            conn.count_slow();
+                            match tokio::time::timeout(SLOW_PATIENCE, &mut send).await {
+                                Ok(sent) => sent,
+                                Err(_) => break None, // not reading at all: just drop it
+                            }
+                        }
                     };
                     if sent.is_err() {
                         break None;
                     }
+                    if let Some((channel, last)) = changes {
+                        if let Some(seq) = conn.written.get_mut(&*channel) {
+                            *seq = last;
+                        }
+                    }
                 }
-                Some(Out::Slow(reason)) => break Some((CLOSE_SLOW, reason)),
                 None => break None,
             },
-            _ = conn.slow.cancelled() => break Some((CLOSE_SLOW, conn.slow_message())),
+            _ = conn.slow.cancelled() => {
+                conn.count_slow();
+                break Some((CLOSE_SLOW, conn.slow_message()));
+            }
             _ = ping.tick() => {
                 if sink.send(Message::Ping(Default::default())).await.is_err() {
                     break None;
@@ -214,13 +236,9 @@ async fn connection(socket: WebSocket, state: AppState, query_token: Option<Stri
     }
     if let Some((code, reason)) = closing {
         tracing::debug!(code, %reason, "closing websocket");
-        // A slow client gets time to read what is queued in the socket before the close frame.
+        // A slow client gets time to read what is in the socket before the close frame.
         let patience = if code == CLOSE_SLOW {
-            conn.state
-                .connections
-                .slow_closes
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            Duration::from_secs(10)
+            SLOW_PATIENCE
         } else {
             Duration::from_secs(1)
         };
@@ -229,17 +247,36 @@ async fn connection(socket: WebSocket, state: AppState, query_token: Option<Stri
 }
 
 impl Connection {
+    /// Counts this connection as closed for slowness (once).
+    fn count_slow(&mut self) {
+        if !self.slow_counted {
+            self.slow_counted = true;
+            self.state
+                .connections
+                .slow_closes
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// The close reason for a slow client: where to resume the channel that overflowed.
     fn slow_message(&self) -> String {
-        self.slow_reason
+        let channel = self
+            .slow_channel
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .clone()
-            .unwrap_or_else(|| "slow consumer".into())
+            .clone();
+        let queued = self.state.config.live.queue;
+        match channel.and_then(|c| self.written.get(&*c).map(|seq| (c, *seq))) {
+            Some((channel, seq)) => {
+                format!("slow consumer ({queued} frames queued); resume {channel} since={seq}")
+            }
+            None => format!("slow consumer ({queued} frames queued)"),
+        }
     }
 
     /// Queues a control frame; a full queue means the client is too slow.
     fn reply(&self, frame: String) {
-        if self.queue.try_send(Out::Frame(frame.into())).is_err() {
+        if self.queue.try_send(Out(frame.into(), None)).is_err() {
             self.slow.cancel();
         }
     }
@@ -314,13 +351,13 @@ impl Connection {
         }
         let follower = Follower::new(feed, state.store.clone(), since);
         self.reply(frames::subscribed(&channel, since, follower.cursor()));
+        self.written.insert(channel.clone(), follower.cursor());
         let task = tokio::spawn(follow(
             follower,
-            channel.clone(),
+            Arc::from(channel.as_str()),
             self.queue.clone(),
             self.slow.clone(),
-            self.slow_reason.clone(),
-            state.config.live.queue,
+            self.slow_channel.clone(),
         ));
         self.subscriptions.insert(channel, task);
     }
@@ -329,14 +366,12 @@ impl Connection {
 /// Runs one subscription: queues the follower's frames on the connection.
 async fn follow(
     mut follower: Follower,
-    channel: String,
+    channel: Arc<str>,
     queue: mpsc::Sender<Out>,
     slow: CancellationToken,
-    slow_reason: Arc<Mutex<Option<String>>>,
-    capacity: usize,
+    slow_channel: Arc<Mutex<Option<Arc<str>>>>,
 ) {
     loop {
-        let before = follower.cursor();
         let event = match follower.next().await {
             Ok(Some(event)) => event,
             Ok(None) => return,
@@ -347,21 +382,18 @@ async fn follow(
                     Some(&channel),
                     "the store is unavailable; resubscribe with your cursor",
                 );
-                let _ = queue.send(Out::Frame(frame.into())).await;
+                let _ = queue.send(Out(frame.into(), None)).await;
                 return;
             }
         };
-        let frame = Out::Frame(frames::event(&channel, &event));
+        let last = event.changes().last().map(|c| (channel.clone(), c.seq));
+        let frame = Out(frames::event(&channel, &event), last);
         if matches!(event, Event::Live(..)) {
             match queue.try_send(frame) {
                 Ok(()) => {}
                 Err(mpsc::error::TrySendError::Full(_)) => {
-                    let reason = format!(
-                        "slow consumer ({capacity} frames queued); resume {channel} since={before}"
-                    );
-                    *slow_reason.lock().unwrap_or_else(|e| e.into_inner()) = Some(reason.clone());
+                    *slow_channel.lock().unwrap_or_else(|e| e.into_inner()) = Some(channel);
                     slow.cancel();
-                    let _ = queue.try_send(Out::Slow(reason));
                     return;
                 }
                 Err(mpsc::error::TrySendError::Closed(_)) => return,

@@ -127,6 +127,7 @@ async fn cursor_older_than_retention_gets_reset() {
             == 410
     })
     .await;
+    hub.wait_published(30).await;
     let mut ws = WsClient::connect(&hub, "").await;
     ws.subscribe(CHANNEL, Some(2)).await;
     assert_eq!(ws.frame().await["type"], "subscribed");
@@ -168,14 +169,22 @@ async fn slow_consumer_is_closed_with_a_reason() {
         hub.push("big", 1000).await;
         pushed += 1;
     }
-    // Now the client reads: what was queued, then the close with its reason.
+    // Now the client reads: what was written to its socket, then the close, whose reason says
+    // where to resume: exactly after the last change it received.
+    let mut received = 0;
     loop {
         match slow.read(WAIT).await {
-            WsRead::Frame(f) => assert!(f["type"] == "notification" || f["type"] == "caught_up"),
+            WsRead::Frame(f) if f["type"] == "notification" => {
+                received = f["last"].as_u64().unwrap();
+            }
+            WsRead::Frame(f) => assert_eq!(f["type"], "caught_up"),
             WsRead::Closed(Some((code, reason))) => {
                 assert_eq!(code, 4008);
                 assert!(reason.contains("slow consumer"), "{reason}");
-                assert!(reason.contains("since="), "{reason}");
+                assert!(
+                    reason.ends_with(&format!("resume {CHANNEL} since={received}")),
+                    "{reason} vs {received}"
+                );
                 break;
             }
             WsRead::Closed(None) => panic!("closed without a reason"),
