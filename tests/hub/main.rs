@@ -5,7 +5,10 @@ mod common;
 
 mod bad_input;
 mod catchup;
+mod conformance;
 mod crash;
 mod end_to_end;
+mod external;
 mod shutdown;
+mod topics;
 mod websub;
