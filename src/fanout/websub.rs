@@ -1,7 +1,10 @@
-//! `POST /hub` (also `POST /publish`): WebSub subscription requests.
+//! `POST /hub` (also `POST /publish`): WebSub subscription requests; publish pings and fat
+//! pings are handed to [`super::publish`].
 //!
 //! The handler checks the request, answers 202 and leaves the rest to a background task: it
-//! validates the topic (an unknown topic is denied with `hub.mode=denied`), then verifies the
+//! validates the topic (a channel's topic, or an external topic under an
+//! `--allow-external-topics` prefix; anything else is denied with `hub.mode=denied` and a
+//! `hub.reason`), then verifies the
 //! subscriber's intent with a GET carrying a random single-use `hub.challenge` (the callback's
 //! own query string kept), and only when the callback answers 2xx with exactly the challenge
 //! does the subscription change. A failed verification leaves everything as it was.
