@@ -31,6 +31,20 @@ fn channel<'a>(state: &'a AppState, name: &str) -> Result<&'a ChannelConfig, Api
         .ok_or_else(|| ApiError::not_found(format!("no channel {name:?}")))
 }
 
+/// The topic of a channel, or of the internal channel of an external topic (whose log
+/// `changes?after=` serves too).
+fn topic_of(state: &AppState, name: &str) -> Result<String, ApiError> {
+    if state.config.channels.contains_key(name) {
+        return Ok(state.config.topic_url(name));
+    }
+    state
+        .fanout
+        .external
+        .by_channel(name)
+        .map(|t| t.url.clone())
+        .ok_or_else(|| ApiError::not_found(format!("no channel {name:?}")))
+}
+
 fn xml(body: Vec<u8>) -> Response {
     (
         [(
@@ -110,7 +124,7 @@ pub async fn changes_after(
     Path(name): Path<String>,
     Query(q): Query<AfterQuery>,
 ) -> Result<Response, ApiError> {
-    channel(&state, &name)?;
+    let topic = topic_of(&state, &name)?;
     let after = match q.after.as_deref() {
         None => 0,
         Some(s) => s
@@ -172,7 +186,7 @@ pub async fn changes_after(
     let mut link = format!(
         "<{}>; rel=\"hub\", <{}>; rel=\"self\"",
         state.config.hub_url(),
-        state.config.topic_url(&name)
+        topic
     );
     if let Some(next) = &next {
         link.push_str(&format!(", <{next}>; rel=\"next\""));

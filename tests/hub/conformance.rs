@@ -329,9 +329,12 @@ async fn hub_url_publishers_and_the_topics_links() {
     let topic = r.topics.url("/feed.atom");
     let receiver = Receiver::start(Behaviour::default()).await;
     let callback = format!("{}?user=7", receiver.url);
-    r.subscribe(&topic, &callback, &[]).await;
+    r.subscribe(&topic, &callback, &[("hub.lease_seconds", "999999999")])
+        .await;
     receiver.wait_verified(1).await;
     assert_eq!(receiver.verifications()[0]["user"], "7");
+    // The lease is clamped to --lease-max (30 days) and reported.
+    assert_eq!(receiver.verifications()[0]["hub.lease_seconds"], "2592000");
     r.hub.wait_subscribed(&callback).await;
     let mut doc = Doc::new(
         "<?xml version=\"1.0\"?><feed xmlns=\"http://www.w3.org/2005/Atom\"><title>t</title></feed>",

@@ -277,8 +277,29 @@ async fn admin_lists_topics_and_redelivers_from_a_seq() {
     assert_eq!(ext["content"], "changelist");
     assert_eq!(ext["last"], 4);
 
+    // The external topic's log serves catch-up like a channel's.
+    let ext_name = ext["name"].as_str().unwrap();
+    let page = hub
+        .client
+        .get(format!("{}/channels/{ext_name}/changes?after=1", hub.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), StatusCode::OK);
+    let link = page.headers()["link"].to_str().unwrap().to_string();
+    assert!(link.contains(&format!("<{topic}>; rel=\"self\"")), "{link}");
+    let (_, caught_up) =
+        changehub::resourcesync::parse_change_list(&page.bytes().await.unwrap(), &big_limits())
+            .unwrap();
+    let seqs: Vec<_> = caught_up.iter().map(|e| e.seq.unwrap()).collect();
+    assert_eq!(seqs, vec![2, 3, 4]);
+
     let subs = hub.subscriptions().await;
     let sub = &subs[0];
+    assert_eq!(
+        receiver.delivered()[0].header("x-changehub-channel"),
+        Some(ext_name)
+    );
     assert_eq!(sub["external"], true);
     assert_eq!(sub["verified"], true);
     assert_eq!(sub["cursor"], 4);
