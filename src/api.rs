@@ -109,6 +109,8 @@ struct SubscriptionView {
     /// Changes published but not yet delivered.
     lag: u64,
     pending: Option<PendingDelivery>,
+    /// External generic topics: the content delivery being retried.
+    pending_content: Option<crate::fanout::external::ContentRetry>,
     #[serde(with = "time::serde::rfc3339::option")]
     last_success: Option<OffsetDateTime>,
     last_error: Option<String>,
@@ -146,6 +148,7 @@ pub async fn subscriptions(
             cursor: delivery.cursor,
             lag: published.saturating_sub(delivery.cursor),
             pending: delivery.pending,
+            pending_content: state.fanout.external.retry(&sub.id),
             last_success: delivery.last_success,
             last_error: delivery.last_error,
         });

@@ -417,6 +417,16 @@ impl GenericState {
                 }
             }
         }
+        fanout.external.set_retry(
+            &sub.id,
+            self.pending
+                .as_ref()
+                .map(|r| super::external::ContentRetry {
+                    version,
+                    attempts: r.attempts,
+                    next_attempt_at: r.next_attempt_at,
+                }),
+        );
         true
     }
 }

@@ -108,6 +108,15 @@ pub struct FetchStatus {
     pub last_error: Option<String>,
 }
 
+/// A generic-content delivery being retried (shown by the admin API; kept in memory).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ContentRetry {
+    pub version: u64,
+    pub attempts: u32,
+    #[serde(with = "time::serde::rfc3339")]
+    pub next_attempt_at: OffsetDateTime,
+}
+
 #[derive(Default)]
 struct FetchGate {
     running: bool,
@@ -165,6 +174,7 @@ pub struct External {
     store: Arc<dyn Store>,
     client: reqwest::Client,
     topics: Mutex<HashMap<String, Arc<Topic>>>,
+    retries: Mutex<HashMap<String, ContentRetry>>,
     batchers: TaskTracker,
     batcher_cancel: CancellationToken,
     tasks: TaskTracker,
@@ -186,6 +196,7 @@ impl External {
             store,
             client,
             topics: Mutex::new(HashMap::new()),
+            retries: Mutex::new(HashMap::new()),
             batchers,
             batcher_cancel,
             tasks,
@@ -197,6 +208,21 @@ impl External {
     pub fn by_channel(&self, channel: &str) -> Option<Arc<Topic>> {
         let topics = self.topics.lock().unwrap_or_else(|e| e.into_inner());
         topics.get(channel).cloned()
+    }
+
+    /// Records (or clears) the generic-content retry of a subscription.
+    pub fn set_retry(&self, sub_id: &str, retry: Option<ContentRetry>) {
+        let mut retries = self.retries.lock().unwrap_or_else(|e| e.into_inner());
+        match retry {
+            Some(r) => retries.insert(sub_id.to_string(), r),
+            None => retries.remove(sub_id),
+        };
+    }
+
+    /// The generic-content retry of a subscription, if one is in progress.
+    pub fn retry(&self, sub_id: &str) -> Option<ContentRetry> {
+        let retries = self.retries.lock().unwrap_or_else(|e| e.into_inner());
+        retries.get(sub_id).cloned()
     }
 
     /// The topic at `url`, if known.

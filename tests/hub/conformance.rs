@@ -493,13 +493,14 @@ async fn retries_carry_the_latest_content_and_redirects_are_not_followed() {
     receiver
         .wait_for("two failed attempts", WAIT, |x| x.posts().len() >= 2)
         .await;
-    let subs = r.hub.subscriptions().await;
-    assert!(
+    wait_until("the retry is shown", WAIT, || async {
+        let subs = r.hub.subscriptions().await;
         subs[0]["last_error"]
             .as_str()
-            .is_some_and(|e| e.contains("307")),
-        "{subs:?}"
-    );
+            .is_some_and(|e| e.contains("307"))
+            && subs[0]["pending_content"]["attempts"].as_u64() >= Some(2)
+    })
+    .await;
     // New content while the subscriber fails: the next retry carries it.
     let v2 = html("version two");
     r.topics.put("/retry", v2.clone());
