@@ -556,7 +556,7 @@ async fn fetches_are_deduplicated_and_bounded() {
     r.subscribe(&topic, &receiver.url, &[]).await;
     r.hub.wait_subscribed(&receiver.url).await;
     let mut slow = Doc::new("slow content", "text/plain");
-    slow.delay = Some(Duration::from_secs(1));
+    slow.delay = Some(Duration::from_secs(2));
     r.topics.put("/slow", slow);
     for _ in 0..5 {
         r.publish(&topic).await;
