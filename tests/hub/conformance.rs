@@ -598,3 +598,59 @@ async fn fetches_are_deduplicated_and_bounded() {
     .await;
     assert!(watcher.posts().is_empty());
 }
+
+/// Topic fetches go through the same private-address guard as callbacks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn private_topics_are_refused_without_allow_private_callbacks() {
+    let hub = TestHub::start(|c| {
+        c.allow_external_topics = vec!["*".into()];
+        c.allow_private_callbacks = false;
+    })
+    .await;
+    for topic in [
+        "http://127.0.0.1:9/feed",
+        "http://[::1]:9/feed",
+        "http://10.0.0.1/x",
+    ] {
+        let (status, text) = hub
+            .hub_request(&[("hub.mode", "publish"), ("hub.url", topic)])
+            .await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{topic}");
+        assert!(text.contains("private"), "{text}");
+        let resp = hub
+            .client
+            .post(format!("{}/publish", hub.url))
+            .header("content-type", "application/xml")
+            .header("link", format!("<{topic}>;rel=self"))
+            .body(crate::topics::change_list(&crate::topics::entries(
+                "p", 0, 1,
+            )))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::FORBIDDEN, "{topic}");
+    }
+    // A public topic nobody subscribes to: accepted, nothing to do.
+    let (status, _) = hub
+        .hub_request(&[
+            ("hub.mode", "publish"),
+            ("hub.url", "https://example.org/feed"),
+        ])
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let resp = hub
+        .client
+        .post(format!("{}/hub", hub.url))
+        .header("content-type", "text/xml")
+        .header("link", "<https://example.org/cl.xml>; rel=\"self\"")
+        .body(crate::topics::change_list(&crate::topics::entries(
+            "p", 0, 2,
+        )))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::ACCEPTED);
+    let answer: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(answer["received"], 2);
+    assert_eq!(answer["new"], 0, "no subscriber: nothing recorded");
+}
