@@ -11,6 +11,11 @@
 //! - An expired lease or a 410 ends the subscription; nothing is delivered after expiry.
 //! - On shutdown (drain), a worker finishes delivering what is published, then stops when it
 //!   is caught up or has to wait for a retry.
+//! - Subscriptions to an external generic topic (see [`super::external`]) also follow the
+//!   topic's latest [`Content`](super::external::Content): once the log is caught up, a
+//!   version newer than the last delivered one is POSTed with the topic's `Content-Type` and
+//!   links, retried like a notification (each retry sends the latest version). This state is
+//!   in memory only.
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, LINK, RETRY_AFTER};

@@ -175,6 +175,7 @@ impl Fanout {
         if let Some(h) = &handle {
             h.cancel.cancel();
         }
+        self.external.set_retry(id, None);
         Ok(self.store.delete_subscription(id).await? || handle.is_some())
     }
 
@@ -188,6 +189,7 @@ impl Fanout {
                 return; // replaced meanwhile by a new verification
             }
         }
+        self.external.set_retry(id, None);
         if let Err(e) = self.store.delete_subscription(id).await {
             tracing::warn!(subscription = id, error = %e, "cannot delete subscription");
         }
