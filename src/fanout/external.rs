@@ -317,9 +317,18 @@ impl External {
             max_bytes: MAX_FETCH_BYTES,
             ..Limits::default()
         };
-        match looks_like_resourcesync(&fetched.body)
-            .then(|| resourcesync::parse_document(&fetched.body, &limits))
-        {
+        // Parsing up to 8 MiB is CPU work: keep it off the async workers.
+        let parsed = if looks_like_resourcesync(&fetched.body) {
+            let body = fetched.body.clone();
+            let parsed =
+                tokio::task::spawn_blocking(move || resourcesync::parse_document(&body, &limits))
+                    .await
+                    .map_err(|e| format!("parsing the topic failed: {e}"))?;
+            Some(parsed)
+        } else {
+            None
+        };
+        match parsed {
             Some(Ok(Document::ChangeList { entries, .. })) => {
                 topic.set_kind(Kind::ChangeList);
                 let changes = valid_changes(&topic.url, entries.into_iter().map(|e| e.change));
