@@ -1,12 +1,13 @@
-//! The admin API under `/api/`, behind the admin bearer token: channels with their log
-//! position, subscriptions with their delivery state, and removal of a subscription.
-//! Secrets are never returned: only whether a subscription has one.
+//! The admin API under `/api/`, behind the admin bearer token: channels and external topics
+//! with their log position, subscriptions with their delivery state, redelivery from a seq,
+//! and removal of a subscription. Secrets are never returned: only whether a subscription has
+//! one.
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
 use crate::http::{ApiError, AppState};
@@ -26,9 +27,25 @@ fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
 struct ChannelView {
     name: String,
     topic: String,
+    /// `hosted` (a `--channel`) or `external` (an external topic's internal channel).
+    kind: &'static str,
     oldest: u64,
     last: u64,
     published: u64,
+    /// External topics: what the last fetch found (`changelist`, `content`, `unknown`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content: Option<crate::fanout::external::Kind>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content_version: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fetches: Option<u64>,
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        with = "time::serde::rfc3339::option"
+    )]
+    last_fetch: Option<OffsetDateTime>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    last_fetch_error: Option<String>,
 }
 
 /// `GET /api/channels`
@@ -43,9 +60,32 @@ pub async fn channels(
         out.push(ChannelView {
             name: name.clone(),
             topic: state.config.topic_url(name),
+            kind: "hosted",
             oldest: head.oldest,
             last: head.last,
             published: feed.published_seq(),
+            content: None,
+            content_version: None,
+            fetches: None,
+            last_fetch: None,
+            last_fetch_error: None,
+        });
+    }
+    for topic in state.fanout.external.topics() {
+        let head = state.store.head(&topic.channel).await?;
+        let status = topic.status();
+        out.push(ChannelView {
+            name: topic.channel.clone(),
+            topic: topic.url.clone(),
+            kind: "external",
+            oldest: head.oldest,
+            last: head.last,
+            published: topic.feed.published_seq(),
+            content: Some(topic.kind()),
+            content_version: Some(topic.content_version()),
+            fetches: Some(status.fetches),
+            last_fetch: status.last_fetch,
+            last_fetch_error: status.last_error,
         });
     }
     Ok(Json(out).into_response())
@@ -57,6 +97,9 @@ struct SubscriptionView {
     channel: String,
     topic: String,
     callback: String,
+    external: bool,
+    /// Every listed subscription is verified (unverified requests change nothing).
+    verified: bool,
     has_secret: bool,
     algorithm: String,
     lease_seconds: u64,
@@ -66,6 +109,8 @@ struct SubscriptionView {
     /// Changes published but not yet delivered.
     lag: u64,
     pending: Option<PendingDelivery>,
+    /// External generic topics: the content delivery being retried.
+    pending_content: Option<crate::fanout::external::ContentRetry>,
     #[serde(with = "time::serde::rfc3339::option")]
     last_success: Option<OffsetDateTime>,
     last_error: Option<String>,
@@ -83,8 +128,8 @@ pub async fn subscriptions(
     for sub in subs {
         let delivery = state.store.delivery(&sub.id).await?.unwrap_or_default();
         let published = state
-            .feeds
-            .get(&sub.channel)
+            .fanout
+            .feed(&sub.channel)
             .map(|f| f.published_seq())
             .unwrap_or(0);
         out.push(SubscriptionView {
@@ -92,6 +137,10 @@ pub async fn subscriptions(
             channel: sub.channel.clone(),
             topic: sub.topic.clone(),
             callback: sub.callback.clone(),
+            external: sub
+                .channel
+                .starts_with(crate::fanout::external::CHANNEL_PREFIX),
+            verified: true,
             has_secret: sub.secret.is_some(),
             algorithm: sub.algorithm.to_string(),
             lease_seconds: sub.lease_seconds,
@@ -99,6 +148,7 @@ pub async fn subscriptions(
             cursor: delivery.cursor,
             lag: published.saturating_sub(delivery.cursor),
             pending: delivery.pending,
+            pending_content: state.fanout.external.retry(&sub.id),
             last_success: delivery.last_success,
             last_error: delivery.last_error,
         });
@@ -128,4 +178,67 @@ pub async fn live(State(state): State<AppState>, headers: HeaderMap) -> Result<R
         "slow_closes": state.connections.slow_closes.load(std::sync::atomic::Ordering::Relaxed),
     }))
     .into_response())
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct RedeliverQuery {
+    from: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct RedeliverBody {
+    from: u64,
+}
+
+/// `POST /api/subscriptions/{id}/redeliver?from=SEQ` (or a JSON body `{"from": SEQ}`):
+/// delivers again every change from SEQ on.
+pub async fn redeliver(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    Query(query): Query<RedeliverQuery>,
+    headers: HeaderMap,
+    body: bytes::Bytes,
+) -> Result<Response, ApiError> {
+    authorize(&state, &headers)?;
+    let from = match query.from {
+        Some(s) => s
+            .parse::<u64>()
+            .map_err(|_| ApiError::bad_request("from must be a seq (a positive integer)"))?,
+        None if !body.is_empty() => {
+            serde_json::from_slice::<RedeliverBody>(&body)
+                .map_err(|e| ApiError::bad_request(format!("expected {{\"from\": SEQ}}: {e}")))?
+                .from
+        }
+        None => return Err(ApiError::bad_request("give from=SEQ")),
+    };
+    if from == 0 {
+        return Err(ApiError::bad_request("from must be at least 1"));
+    }
+    let Some(channel) = state
+        .fanout
+        .active()
+        .into_iter()
+        .find(|s| s.id == id)
+        .map(|s| s.channel.clone())
+    else {
+        return Err(ApiError::not_found(format!("no subscription {id:?}")));
+    };
+    let published = state
+        .fanout
+        .feed(&channel)
+        .map(|f| f.published_seq())
+        .unwrap_or(0);
+    if from > published.saturating_add(1) {
+        return Err(ApiError::bad_request(format!(
+            "from {from} is beyond the last published seq {published}"
+        )));
+    }
+    match state.fanout.redeliver(&id, from).await? {
+        Some(delivery) => Ok((
+            StatusCode::ACCEPTED,
+            Json(serde_json::json!({ "id": id, "cursor": delivery.cursor })),
+        )
+            .into_response()),
+        None => Err(ApiError::not_found(format!("no subscription {id:?}"))),
+    }
 }

@@ -43,6 +43,20 @@ fn channel<'a>(
     Ok(channel)
 }
 
+/// The topic of a channel, or of the internal channel of an external topic (whose log
+/// `changes?after=` serves too).
+fn topic_of(state: &AppState, name: &str) -> Result<String, ApiError> {
+    if state.config.channels.contains_key(name) {
+        return Ok(state.config.topic_url(name));
+    }
+    state
+        .fanout
+        .external
+        .by_channel(name)
+        .map(|t| t.url.clone())
+        .ok_or_else(|| ApiError::not_found(format!("no channel {name:?}")))
+}
+
 fn xml(body: Vec<u8>) -> Response {
     (
         [(
@@ -130,7 +144,10 @@ pub async fn changes_after(
     Query(q): Query<AfterQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    channel(&state, &name, &headers, q.token.as_deref())?;
+    if state.config.channels.contains_key(&name) {
+        channel(&state, &name, &headers, q.token.as_deref())?; // private channels need the token
+    }
+    let topic = topic_of(&state, &name)?;
     let after = match q.after.as_deref() {
         None => 0,
         Some(s) => s
@@ -192,7 +209,7 @@ pub async fn changes_after(
     let mut link = format!(
         "<{}>; rel=\"hub\", <{}>; rel=\"self\"",
         state.config.hub_url(),
-        state.config.topic_url(&name)
+        topic
     );
     if let Some(next) = &next {
         link.push_str(&format!(", <{next}>; rel=\"next\""));

@@ -499,6 +499,13 @@ impl ServeArgs {
                     .max(Duration::from_millis(100)),
             },
         };
+        for prefix in &config.allow_external_topics {
+            if prefix != "*" && !(prefix.starts_with("http://") || prefix.starts_with("https://")) {
+                return Err(invalid(format!(
+                    "--allow-external-topics {prefix:?}: expected `*` or an http(s) URL prefix"
+                )));
+            }
+        }
         if config.max_batch == 0 {
             return Err(invalid("--max-batch must be at least 1".into()));
         }
@@ -561,6 +568,17 @@ mod tests {
         assert!(config
             .channel_for_topic("http://127.0.0.1:8080/channels/nope/changelist.xml")
             .is_none());
+    }
+
+    #[test]
+    fn external_topic_prefixes_are_checked() {
+        let args = |p: &str| ServeArgs {
+            allow_external_topics: vec![p.into()],
+            ..ServeArgs::default()
+        };
+        assert!(args("*").resolve().is_ok());
+        assert!(args("https://example.org/feeds/").resolve().is_ok());
+        assert!(args("example.org").resolve().is_err());
     }
 
     #[test]

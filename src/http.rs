@@ -145,6 +145,7 @@ pub fn router(state: AppState) -> Router {
             "/api/subscriptions/{id}",
             axum::routing::delete(api::delete_subscription),
         )
+        .route("/api/subscriptions/{id}/redeliver", post(api::redeliver))
         .merge(documents)
         .layer(axum::extract::DefaultBodyLimit::max(state.config.max_body))
         .with_state(state)

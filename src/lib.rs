@@ -77,9 +77,6 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
     let config = Arc::new(config);
-    if !config.allow_external_topics.is_empty() {
-        tracing::warn!("--allow-external-topics is not supported yet; external topics are refused");
-    }
     let store = open_store(&config)?;
     let tasks = TaskTracker::new();
     // Shutdown happens in three steps, each with its own token: the batchers flush what is
@@ -114,10 +111,19 @@ pub async fn run(
         batchers.spawn(batcher.run(batcher_cancel.clone()));
     }
 
+    let external = fanout::external::External::new(
+        config.clone(),
+        store.clone(),
+        batchers.clone(),
+        batcher_cancel.clone(),
+        tasks.clone(),
+        cancel.clone(),
+    );
     let fanout = fanout::Fanout::new(
         config.clone(),
         store.clone(),
         feeds.clone(),
+        external,
         tasks.clone(),
         cancel.clone(),
         drain.clone(),

@@ -11,6 +11,11 @@
 //! - An expired lease or a 410 ends the subscription; nothing is delivered after expiry.
 //! - On shutdown (drain), a worker finishes delivering what is published, then stops when it
 //!   is caught up or has to wait for a retry.
+//! - Subscriptions to an external generic topic (see [`super::external`]) also follow the
+//!   topic's latest [`Content`](super::external::Content): once the log is caught up, a
+//!   version newer than the last delivered one is POSTed with the topic's `Content-Type` and
+//!   links, retried like a notification (each retry sends the latest version). This state is
+//!   in memory only.
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, LINK, RETRY_AFTER};
@@ -36,6 +41,19 @@ pub enum Outcome {
     },
 }
 
+/// What one POST carries.
+pub struct Payload<'a> {
+    pub body: Bytes,
+    /// The topic's media type (`None`: the topic gave none, so none is sent).
+    pub content_type: Option<&'a str>,
+    /// `Link` values sent after the hub's own `rel=hub` / `rel=self` header.
+    pub extra_links: &'a [String],
+    /// `X-Changehub-Delivery` and `webhook-id`: the same on every retry of the same payload.
+    pub delivery_id: String,
+    /// The seq range of a Change List notification (`X-Changehub-First` / `-Last`).
+    pub seqs: Option<(u64, u64)>,
+}
+
 /// POSTs one notification to the callback.
 pub async fn deliver(
     client: &reqwest::Client,
@@ -44,6 +62,25 @@ pub async fn deliver(
     body: Bytes,
     first: u64,
     last: u64,
+) -> Outcome {
+    let payload = Payload {
+        body,
+        content_type: Some("application/xml"),
+        extra_links: &[],
+        delivery_id: format!("{}-{first}-{last}", sub.id),
+        seqs: Some((first, last)),
+    };
+    post(client, fanout, sub, payload).await
+}
+
+/// POSTs a payload to the callback: the topic's `Content-Type`, `Link` rel=hub and rel=self
+/// (then the topic's other links), and `X-Hub-Signature` over the exact body exactly when the
+/// subscription has a secret.
+pub async fn post(
+    client: &reqwest::Client,
+    fanout: &Fanout,
+    sub: &Subscription,
+    payload: Payload<'_>,
 ) -> Outcome {
     let callback = match url::Url::parse(&sub.callback) {
         Ok(u) => u,
@@ -60,7 +97,6 @@ pub async fn deliver(
             retry_after: None,
         };
     }
-    let delivery_id = format!("{}-{first}-{last}", sub.id);
     let link = format!(
         "<{}>; rel=\"hub\", <{}>; rel=\"self\"",
         fanout.config.hub_url(),
@@ -68,20 +104,28 @@ pub async fn deliver(
     );
     let mut request = client
         .post(callback)
-        .header(CONTENT_TYPE, "application/xml")
         .header(LINK, link)
         .header("X-Changehub-Channel", &sub.channel)
-        .header("X-Changehub-First", first.to_string())
-        .header("X-Changehub-Last", last.to_string())
-        .header("X-Changehub-Delivery", &delivery_id)
-        .header("webhook-id", &delivery_id);
+        .header("X-Changehub-Delivery", &payload.delivery_id)
+        .header("webhook-id", &payload.delivery_id);
+    for extra in payload.extra_links {
+        request = request.header(LINK, extra);
+    }
+    if let Some(ct) = payload.content_type {
+        request = request.header(CONTENT_TYPE, ct);
+    }
+    if let Some((first, last)) = payload.seqs {
+        request = request
+            .header("X-Changehub-First", first.to_string())
+            .header("X-Changehub-Last", last.to_string());
+    }
     if let Some(secret) = &sub.secret {
         request = request.header(
             "X-Hub-Signature",
-            signing::signature(sub.algorithm, secret.as_bytes(), &body),
+            signing::signature(sub.algorithm, secret.as_bytes(), &payload.body),
         );
     }
-    match request.body(body).send().await {
+    match request.body(payload.body).send().await {
         Ok(resp) if resp.status().is_success() => Outcome::Delivered,
         Ok(resp) if resp.status() == reqwest::StatusCode::GONE => Outcome::Gone,
         Ok(resp) => {
@@ -124,13 +168,20 @@ pub async fn run_worker(
     mut state: DeliveryState,
     cancel: CancellationToken,
     generation: u64,
+    content_version: u64,
 ) {
     let channel = sub_rx.borrow().channel.clone();
-    let Some(feed) = fanout.feeds.get(&channel).cloned() else {
+    let Some(feed) = fanout.feed(&channel) else {
         return;
     };
     let config = fanout.config.clone();
     let mut published_rx = feed.published();
+    // External generic topics: the latest fetched content, delivered after the log.
+    let mut content_rx = fanout.external.by_channel(&channel).map(|t| t.content());
+    let mut generic = GenericState {
+        delivered: content_version,
+        pending: None,
+    };
     loop {
         let sub = sub_rx.borrow_and_update().clone();
         let now = OffsetDateTime::now_utc();
@@ -160,6 +211,43 @@ pub async fn run_worker(
             None => {
                 let published = *published_rx.borrow_and_update();
                 if published <= state.cursor {
+                    let mut wait = until_expiry;
+                    let latest = content_rx
+                        .as_mut()
+                        .and_then(|rx| rx.borrow_and_update().clone())
+                        .filter(|c| c.version > generic.delivered);
+                    if let Some(content) = latest {
+                        match &generic.pending {
+                            Some(p) if p.next_attempt_at > now => {
+                                wait = wait.min(to_std(p.next_attempt_at - now));
+                            }
+                            _ => {
+                                let payload = Payload {
+                                    body: content.body.clone(),
+                                    content_type: content.content_type.as_deref(),
+                                    extra_links: &content.links,
+                                    delivery_id: format!("{}-c{}", sub.id, content.version),
+                                    seqs: None,
+                                };
+                                let outcome = tokio::select! {
+                                    _ = cancel.cancelled() => return,
+                                    o = post(&fanout.client, &fanout, &sub, payload) => o,
+                                };
+                                if !generic.settle(
+                                    &fanout,
+                                    &sub,
+                                    &mut state,
+                                    content.version,
+                                    outcome,
+                                ) {
+                                    fanout.remove_own(&sub.id, generation).await;
+                                    return;
+                                }
+                                persist(&fanout, &sub, &state).await;
+                                continue;
+                            }
+                        }
+                    }
                     if fanout.drain.is_cancelled() {
                         return; // shutting down and caught up
                     }
@@ -168,7 +256,8 @@ pub async fn run_worker(
                         _ = fanout.drain.cancelled() => {}
                         _ = sub_rx.changed() => {}
                         changed = published_rx.changed() => if changed.is_err() { return },
-                        _ = tokio::time::sleep(until_expiry) => {}
+                        changed = content_changed(&mut content_rx) => if changed.is_err() { content_rx = None },
+                        _ = tokio::time::sleep(wait) => {}
                     }
                     continue;
                 }
@@ -262,6 +351,98 @@ pub async fn run_worker(
             }
         }
         persist(&fanout, &sub, &state).await;
+    }
+}
+
+/// Delivery of an external topic's generic content: the version last delivered (or given
+/// up), and the retry in progress. Kept in memory: generic content is not replayable.
+struct GenericState {
+    delivered: u64,
+    pending: Option<GenericRetry>,
+}
+
+struct GenericRetry {
+    attempts: u32,
+    first_attempt_at: OffsetDateTime,
+    next_attempt_at: OffsetDateTime,
+}
+
+impl GenericState {
+    /// Records the outcome of delivering content `version`; false when the subscription ends.
+    fn settle(
+        &mut self,
+        fanout: &Fanout,
+        sub: &Subscription,
+        state: &mut DeliveryState,
+        version: u64,
+        outcome: Outcome,
+    ) -> bool {
+        let now = OffsetDateTime::now_utc();
+        let config = &fanout.config;
+        match outcome {
+            Outcome::Delivered => {
+                self.delivered = version;
+                self.pending = None;
+                state.last_success = Some(now);
+                state.last_error = None;
+            }
+            Outcome::Gone => {
+                tracing::info!(callback = %sub.callback, "callback answered 410 Gone; subscription removed");
+                return false;
+            }
+            Outcome::Failed {
+                reason,
+                retry_after,
+            } => {
+                let retry = self.pending.get_or_insert(GenericRetry {
+                    attempts: 0,
+                    first_attempt_at: now,
+                    next_attempt_at: now,
+                });
+                retry.attempts += 1;
+                if now - retry.first_attempt_at >= config.retry_for {
+                    tracing::warn!(callback = %sub.callback, version, attempts = retry.attempts, %reason,
+                        "giving up on topic content after retrying");
+                    state.last_error = Some(format!(
+                        "gave up on topic content after {} attempts: {reason}",
+                        retry.attempts
+                    ));
+                    self.delivered = version;
+                    self.pending = None;
+                } else {
+                    let delay = retry::next_delay(
+                        retry.attempts,
+                        retry_after,
+                        config.retry_initial,
+                        config.retry_max,
+                    );
+                    retry.next_attempt_at = now + delay;
+                    tracing::debug!(callback = %sub.callback, version, attempts = retry.attempts, %reason, ?delay, "content delivery failed; will retry");
+                    state.last_error = Some(reason);
+                }
+            }
+        }
+        fanout.external.set_retry(
+            &sub.id,
+            self.pending
+                .as_ref()
+                .map(|r| super::external::ContentRetry {
+                    version,
+                    attempts: r.attempts,
+                    next_attempt_at: r.next_attempt_at,
+                }),
+        );
+        true
+    }
+}
+
+type ContentRx = watch::Receiver<Option<Arc<super::external::Content>>>;
+
+/// Waits for new content; never returns when there is no content to follow.
+async fn content_changed(rx: &mut Option<ContentRx>) -> Result<(), watch::error::RecvError> {
+    match rx {
+        Some(rx) => rx.changed().await,
+        None => std::future::pending().await,
     }
 }
 

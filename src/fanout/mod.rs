@@ -6,13 +6,18 @@
 //! - [`retry`]: the retry schedule (pure functions, so that it survives restarts).
 //! - [`signing`]: the HMAC behind `X-Hub-Signature`.
 //! - [`net`]: the outbound HTTP client (no redirects, no private addresses unless allowed).
+//! - [`external`]: external topics (`--allow-external-topics`): fetching, the internal channel
+//!   of a Change List topic, the latest content of any other topic.
+//! - [`publish`]: publish pings and fat pings on `POST /hub`.
 //!
 //! [`Fanout`] is the registry of live subscriptions: it starts a worker when a subscription is
 //! verified (or found in the store at start-up), hands a re-verified subscription (new secret,
 //! new lease) to the running worker, and stops the worker when the subscription ends.
 
 pub mod delivery;
+pub mod external;
 pub mod net;
+pub mod publish;
 pub mod retry;
 pub mod signing;
 pub mod websub;
@@ -39,6 +44,7 @@ pub struct Fanout {
     pub store: Arc<dyn Store>,
     pub feeds: Arc<BTreeMap<String, Arc<ChannelFeed>>>,
     pub client: reqwest::Client,
+    pub external: Arc<external::External>,
     tasks: TaskTracker,
     cancel: CancellationToken,
     /// Set on shutdown: workers stop once they have nothing left to deliver now.
@@ -51,6 +57,7 @@ impl Fanout {
         config: Arc<Config>,
         store: Arc<dyn Store>,
         feeds: Arc<BTreeMap<String, Arc<ChannelFeed>>>,
+        external: Arc<external::External>,
         tasks: TaskTracker,
         cancel: CancellationToken,
         drain: CancellationToken,
@@ -61,6 +68,7 @@ impl Fanout {
             store,
             feeds,
             client,
+            external,
             tasks,
             cancel,
             drain,
@@ -73,7 +81,13 @@ impl Fanout {
         let subs = self.store.subscriptions().await?;
         let mut started = 0;
         for sub in subs {
-            if !self.feeds.contains_key(&sub.channel) {
+            if sub.channel.starts_with(external::CHANNEL_PREFIX)
+                && sub.channel == external::channel_name(&sub.topic)
+                && external::is_allowed(&self.config, &sub.topic)
+            {
+                self.external.ensure(&sub.topic);
+            }
+            if self.feed(&sub.channel).is_none() {
                 tracing::warn!(channel = %sub.channel, callback = %sub.callback,
                     "subscription to a channel that is no longer configured; keeping it idle");
                 continue;
@@ -102,8 +116,7 @@ impl Fanout {
                     Some(state) => state,
                     None => {
                         let cursor = self
-                            .feeds
-                            .get(&sub.channel)
+                            .feed(&sub.channel)
                             .map(|f| f.published_seq())
                             .unwrap_or(0);
                         let state = DeliveryState {
@@ -120,6 +133,39 @@ impl Fanout {
         Ok(())
     }
 
+    /// The feed of a hosted channel or of an external topic's internal channel.
+    pub fn feed(&self, channel: &str) -> Option<Arc<ChannelFeed>> {
+        match self.feeds.get(channel) {
+            Some(feed) => Some(feed.clone()),
+            None => self.external.by_channel(channel).map(|t| t.feed.clone()),
+        }
+    }
+
+    /// Delivers again every change after `from - 1`: the subscription's worker is restarted
+    /// with its cursor there (any notification being retried is dropped in favour of it).
+    /// `None` when no such subscription is active.
+    pub async fn redeliver(
+        self: &Arc<Self>,
+        id: &str,
+        from: u64,
+    ) -> Result<Option<DeliveryState>, StoreError> {
+        let sub = {
+            let live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+            match live.1.get(id) {
+                Some(h) => Subscription::clone(&h.sub.borrow()),
+                None => return Ok(None),
+            }
+        };
+        let mut state = self.store.delivery(id).await?.unwrap_or_default();
+        state.cursor = from.saturating_sub(1);
+        state.pending = None;
+        self.store.put_delivery(id, &state).await?;
+        tracing::info!(subscription = id, from, "redelivery requested");
+        // Replaces (and cancels) the running worker.
+        self.spawn(sub, state.clone());
+        Ok(Some(state))
+    }
+
     /// Ends a subscription: stops its worker and forgets it. True when it existed.
     pub async fn remove(&self, id: &str) -> Result<bool, StoreError> {
         let handle = {
@@ -129,6 +175,7 @@ impl Fanout {
         if let Some(h) = &handle {
             h.cancel.cancel();
         }
+        self.external.set_retry(id, None);
         Ok(self.store.delete_subscription(id).await? || handle.is_some())
     }
 
@@ -142,6 +189,7 @@ impl Fanout {
                 return; // replaced meanwhile by a new verification
             }
         }
+        self.external.set_retry(id, None);
         if let Err(e) = self.store.delete_subscription(id).await {
             tracing::warn!(subscription = id, error = %e, "cannot delete subscription");
         }
@@ -155,6 +203,11 @@ impl Fanout {
 
     fn spawn(self: &Arc<Self>, sub: Subscription, state: DeliveryState) {
         let cancel = self.cancel.child_token();
+        // Content fetched before the subscription is not delivered to it.
+        let content_version = self
+            .external
+            .by_channel(&sub.channel)
+            .map_or(0, |t| t.content_version());
         let (tx, rx) = watch::channel(Arc::new(sub.clone()));
         let generation = {
             let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
@@ -174,7 +227,7 @@ impl Fanout {
         };
         let fanout = self.clone();
         self.tasks.spawn(async move {
-            delivery::run_worker(fanout, rx, state, cancel, generation).await;
+            delivery::run_worker(fanout, rx, state, cancel, generation, content_version).await;
         });
     }
 }

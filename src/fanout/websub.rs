@@ -1,7 +1,10 @@
-//! `POST /hub` (also `POST /publish`): WebSub subscription requests.
+//! `POST /hub` (also `POST /publish`): WebSub subscription requests; publish pings and fat
+//! pings are handed to [`super::publish`].
 //!
 //! The handler checks the request, answers 202 and leaves the rest to a background task: it
-//! validates the topic (an unknown topic is denied with `hub.mode=denied`), then verifies the
+//! validates the topic (a channel's topic, or an external topic under an
+//! `--allow-external-topics` prefix; anything else is denied with `hub.mode=denied` and a
+//! `hub.reason`), then verifies the
 //! subscriber's intent with a GET carrying a random single-use `hub.challenge` (the callback's
 //! own query string kept), and only when the callback answers 2xx with exactly the challenge
 //! does the subscription change. A failed verification leaves everything as it was.
@@ -15,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use time::OffsetDateTime;
 
-use super::{net, signing::Algorithm, Fanout};
+use super::{external, net, publish, signing::Algorithm, Fanout};
 use crate::http::AppState;
 use crate::store::{subscription_id, Subscription};
 
@@ -85,11 +88,7 @@ pub fn parse_request(body: &[u8], allow_private: bool) -> Result<Request, Refusa
     let mode = match mode.as_deref() {
         Some("subscribe") => Mode::Subscribe,
         Some("unsubscribe") => Mode::Unsubscribe,
-        Some("publish") => {
-            return Err(bad(
-                "hub.mode=publish: this hub hosts its own channels; sources push changes to /channels/{name}/changes",
-            ))
-        }
+        Some("publish") => return Err(bad("hub.mode=publish is a ping, not a subscription")),
         Some(other) => return Err(bad(format!("unknown hub.mode {other:?}"))),
         None => return Err(bad("missing hub.mode")),
     };
@@ -145,6 +144,9 @@ pub async fn hub(State(state): State<AppState>, headers: HeaderMap, body: Bytes)
         .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("application/x-www-form-urlencoded");
+    if publish::is_xml(content_type) {
+        return publish::fat_ping(&state, &headers, body).await;
+    }
     if !content_type
         .to_ascii_lowercase()
         .starts_with("application/x-www-form-urlencoded")
@@ -154,6 +156,9 @@ pub async fn hub(State(state): State<AppState>, headers: HeaderMap, body: Bytes)
             "WebSub requests are application/x-www-form-urlencoded",
         )
             .into_response();
+    }
+    if form_urlencoded::parse(&body).any(|(k, v)| k == "hub.mode" && v == "publish") {
+        return publish::ping(&state, &body);
     }
     let request = match parse_request(&body, state.config.allow_private_callbacks) {
         Ok(r) => r,
@@ -168,25 +173,35 @@ pub async fn hub(State(state): State<AppState>, headers: HeaderMap, body: Bytes)
 
 /// Validates, verifies and applies one request (in the background).
 async fn process(fanout: Arc<Fanout>, request: Request) {
-    let Some(channel) = fanout.config.channel_for_topic(&request.topic).cloned() else {
-        deny(
-            &fanout,
-            &request,
-            "unknown topic: this hub serves its channels' changelist.xml URLs",
-        )
-        .await;
+    let config = &fanout.config;
+    let (channel, is_external) = if let Some(ch) = config.channel_for_topic(&request.topic) {
+        if ch.read_token.is_some() && request.mode == Mode::Subscribe {
+            let reason =
+                "this channel is private; follow it over the websocket or SSE with its read token";
+            deny(&fanout, &request, reason).await;
+            return;
+        }
+        (ch.name.clone(), false)
+    } else if external::is_allowed(config, &request.topic) {
+        let refused = url::Url::parse(&request.topic)
+            .map_err(|e| e.to_string())
+            .and_then(|u| {
+                net::check_target(&u, config.allow_private_callbacks).map_err(|e| e.to_string())
+            });
+        if let Err(e) = refused {
+            deny(&fanout, &request, &format!("topic refused: {e}")).await;
+            return;
+        }
+        (external::channel_name(&request.topic), true)
+    } else {
+        let reason = if config.allow_external_topics.is_empty() {
+            "unknown topic: this hub serves its channels' changelist.xml URLs"
+        } else {
+            "unknown topic: neither a channel of this hub nor under an allowed external prefix"
+        };
+        deny(&fanout, &request, reason).await;
         return;
     };
-    if channel.read_token.is_some() && request.mode == Mode::Subscribe {
-        deny(
-            &fanout,
-            &request,
-            "this channel is private; follow it over the websocket or SSE with its read token",
-        )
-        .await;
-        return;
-    }
-    let config = &fanout.config;
     let lease = request
         .lease_seconds
         .map(Duration::from_secs)
@@ -204,9 +219,12 @@ async fn process(fanout: Arc<Fanout>, request: Request) {
     let id = subscription_id(&request.topic, request.callback.as_str());
     let result = match request.mode {
         Mode::Subscribe => {
+            if is_external {
+                fanout.external.ensure(&request.topic);
+            }
             let sub = Subscription {
                 id,
-                channel: channel.name.clone(),
+                channel,
                 topic: request.topic.clone(),
                 callback: request.callback.to_string(),
                 secret: request.secret.clone(),

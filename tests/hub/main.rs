@@ -5,8 +5,11 @@ mod common;
 
 mod bad_input;
 mod catchup;
+mod conformance;
 mod crash;
 mod end_to_end;
+mod external;
 mod live;
 mod shutdown;
+mod topics;
 mod websub;
