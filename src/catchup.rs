@@ -14,7 +14,6 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
 use crate::batcher::capability_list_url;
-use crate::config::ChannelConfig;
 use crate::http::{ApiError, AppState};
 use crate::resourcesync::{self, Capability, ChangeListHeader, DocLink};
 
@@ -23,24 +22,22 @@ pub const MAX_LIST: usize = 50_000;
 /// Default page size of `changes?after=`.
 pub const DEFAULT_PAGE: usize = 1_000;
 
-/// The channel, if it exists and `headers` / `token` may read it (private channels).
-fn channel<'a>(
-    state: &'a AppState,
+/// The topic URL of channel `name` — a hosted channel, or the internal channel of an external
+/// topic — when `headers` / `token` may read it (private channels need their read token).
+fn readable(
+    state: &AppState,
     name: &str,
     headers: &HeaderMap,
     token: Option<&str>,
-) -> Result<&'a ChannelConfig, ApiError> {
-    let channel = state
-        .config
-        .channels
-        .get(name)
-        .ok_or_else(|| ApiError::not_found(format!("no channel {name:?}")))?;
-    if !crate::live::read_allowed(channel, crate::live::request_token(headers, token)) {
-        return Err(ApiError::unauthorized(
-            "this channel is private: give its read token",
-        ));
+) -> Result<String, ApiError> {
+    if let Some(channel) = state.config.channels.get(name) {
+        if !crate::live::read_allowed(channel, crate::live::request_token(headers, token)) {
+            return Err(ApiError::unauthorized(
+                "this channel is private: give its read token",
+            ));
+        }
     }
-    Ok(channel)
+    topic_of(state, name)
 }
 
 /// The topic of a channel, or of the internal channel of an external topic (whose log
@@ -68,11 +65,10 @@ fn xml(body: Vec<u8>) -> Response {
         .into_response()
 }
 
-fn hub_links(state: &AppState, name: &str) -> Option<HeaderValue> {
+fn hub_links(state: &AppState, topic: &str) -> Option<HeaderValue> {
     HeaderValue::from_str(&format!(
-        "<{}>; rel=\"hub\", <{}>; rel=\"self\"",
+        "<{}>; rel=\"hub\", <{topic}>; rel=\"self\"",
         state.config.hub_url(),
-        state.config.topic_url(name)
     ))
     .ok()
 }
@@ -84,7 +80,7 @@ pub async fn changelist(
     Query(q): Query<TokenQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    channel(&state, &name, &headers, q.token.as_deref())?;
+    let topic = readable(&state, &name, &headers, q.token.as_deref())?;
     let head = state.store.head(&name).await?;
     let etag = format!("\"{}-{}\"", head.oldest, head.last);
     let mut response = if headers
@@ -112,7 +108,7 @@ pub async fn changelist(
         xml(resourcesync::write_change_list(&header, &changes))
     };
     let h = response.headers_mut();
-    if let Some(link) = hub_links(&state, &name) {
+    if let Some(link) = hub_links(&state, &topic) {
         h.insert(http::header::LINK, link);
     }
     if let Ok(v) = HeaderValue::from_str(&etag) {
@@ -144,10 +140,7 @@ pub async fn changes_after(
     Query(q): Query<AfterQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    if state.config.channels.contains_key(&name) {
-        channel(&state, &name, &headers, q.token.as_deref())?; // private channels need the token
-    }
-    let topic = topic_of(&state, &name)?;
+    let topic = readable(&state, &name, &headers, q.token.as_deref())?;
     let after = match q.after.as_deref() {
         None => 0,
         Some(s) => s
@@ -227,7 +220,7 @@ pub async fn capability_list(
     Query(q): Query<TokenQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    channel(&state, &name, &headers, q.token.as_deref())?;
+    readable(&state, &name, &headers, q.token.as_deref())?;
     let links = [
         DocLink {
             rel: "up".into(),
@@ -239,7 +232,7 @@ pub async fn capability_list(
         },
     ];
     let caps = [Capability {
-        loc: state.config.topic_url(&name),
+        loc: format!("{}/channels/{name}/changelist.xml", state.config.public_url),
         capability: "changelist".into(),
     }];
     Ok(xml(resourcesync::write_capability_list(&links, &caps)))

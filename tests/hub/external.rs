@@ -57,6 +57,29 @@ async fn static_change_list_becomes_notifications() {
     assert_eq!(first.header("content-type"), Some("application/xml"));
     let link = first.header("link").unwrap();
     assert!(link.contains(&format!("<{topic}>; rel=\"self\"")), "{link}");
+    // The notification's rel="up" leads to a Capability List of the mirror, whose Change List
+    // is served with the external topic as rel="self".
+    let (header, _) =
+        changehub::resourcesync::parse_change_list(&first.body, &big_limits()).unwrap();
+    let up = &header.links.iter().find(|l| l.rel == "up").unwrap().href;
+    let cap = hub.client.get(up).send().await.unwrap();
+    assert_eq!(cap.status(), 200, "{up}");
+    let cap = cap.bytes().await.unwrap();
+    let changelist = match changehub::resourcesync::parse_document(&cap, &big_limits()).unwrap() {
+        changehub::resourcesync::Document::CapabilityList { caps, .. } => caps[0].loc.clone(),
+        other => panic!("not a capability list: {other:?}"),
+    };
+    let mirror = hub.client.get(&changelist).send().await.unwrap();
+    assert_eq!(mirror.status(), 200);
+    let mirror_link = mirror.headers()["link"].to_str().unwrap().to_string();
+    assert!(
+        mirror_link.contains(&format!("<{topic}>; rel=\"self\"")),
+        "{mirror_link}"
+    );
+    let (_, mirrored) =
+        changehub::resourcesync::parse_change_list(&mirror.bytes().await.unwrap(), &big_limits())
+            .unwrap();
+    assert_eq!(mirrored.len(), 3);
 
     // Changes appended to the file, then a ping: exactly the new ones.
     files.put("/dataset/changelist.xml", xml(change_list(&all[..5])));
