@@ -85,7 +85,10 @@ impl Cluster {
                     false
                 }
             };
-            tasks.spawn(self.clone().run_channel(feed.clone(), started, stop.clone()));
+            tasks.spawn(
+                self.clone()
+                    .run_channel(feed.clone(), started, stop.clone()),
+            );
         }
     }
 

@@ -112,12 +112,8 @@ pub async fn run(
     );
     // On a shared store, each channel is batched and delivered by the instance that owns it.
     let cluster = if store.shared() {
-        let cluster = cluster::Cluster::new(
-            store.clone(),
-            config.clone(),
-            feeds.clone(),
-            fanout.clone(),
-        );
+        let cluster =
+            cluster::Cluster::new(store.clone(), config.clone(), feeds.clone(), fanout.clone());
         cluster.start(&batchers, batcher_cancel.clone()).await;
         Some(cluster)
     } else {

@@ -373,9 +373,15 @@ pub async fn one_lease_holder_at_a_time(e: &dyn Engine) {
     assert!(s.try_lease("c", "a", ttl).await.unwrap());
     assert!(!s.try_lease("c", "b", ttl).await.unwrap(), "held by a");
     assert!(s.try_lease("c", "a", ttl).await.unwrap(), "a renews");
-    assert!(s.try_lease("d", "b", ttl).await.unwrap(), "leases are per channel");
+    assert!(
+        s.try_lease("d", "b", ttl).await.unwrap(),
+        "leases are per channel"
+    );
     s.release_lease("c", "b").await.unwrap();
-    assert!(!s.try_lease("c", "b", ttl).await.unwrap(), "only the holder releases");
+    assert!(
+        !s.try_lease("c", "b", ttl).await.unwrap(),
+        "only the holder releases"
+    );
     s.release_lease("c", "a").await.unwrap();
     assert!(s.try_lease("c", "b", ttl).await.unwrap(), "released");
     // Not renewed: it expires and another instance takes it.

@@ -165,7 +165,9 @@ async fn timed<T>(f: impl Future<Output = RedisResult<T>>) -> Result<T, StoreErr
     match tokio::time::timeout(OP_TIMEOUT, f).await {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => Err(unavailable(e)),
-        Err(_) => Err(StoreError::Unavailable("redis did not answer in time".into())),
+        Err(_) => Err(StoreError::Unavailable(
+            "redis did not answer in time".into(),
+        )),
     }
 }
 
@@ -247,8 +249,8 @@ impl RedisStore {
             .set_response_timeout(Some(OP_TIMEOUT))
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(500));
-        let conn = ConnectionManager::new_lazy_with_config(client.clone(), config)
-            .map_err(unavailable)?;
+        let conn =
+            ConnectionManager::new_lazy_with_config(client.clone(), config).map_err(unavailable)?;
         let heads: Heads = Arc::default();
         let (events, _) = broadcast::channel(4096);
         let stop = CancellationToken::new();
@@ -474,7 +476,11 @@ fn handle_message(payload: &[u8], heads: &Heads, events: &broadcast::Sender<Clus
 }
 
 /// Re-reads `last` and `published` of every channel this process follows.
-async fn refresh(conn: &ConnectionManager, heads: &Heads, events: &broadcast::Sender<ClusterEvent>) {
+async fn refresh(
+    conn: &ConnectionManager,
+    heads: &Heads,
+    events: &broadcast::Sender<ClusterEvent>,
+) {
     let channels: Vec<String> = {
         let heads = heads.lock().unwrap_or_else(|e| e.into_inner());
         heads.keys().cloned().collect()
@@ -627,7 +633,12 @@ impl Store for RedisStore {
             // Walk forward past changes older than the cut-off; the newest always stays.
             'scan: while wanted < head.last {
                 let page = self
-                    .range(channel, wanted, SCAN_PAGE.min((head.last - wanted) as usize), false)
+                    .range(
+                        channel,
+                        wanted,
+                        SCAN_PAGE.min((head.last - wanted) as usize),
+                        false,
+                    )
                     .await?;
                 if page.is_empty() {
                     break;
