@@ -43,6 +43,9 @@ pub const LEASE_TTL: Duration = Duration::from_secs(5);
 /// How often owners renew and followers try to take over.
 pub const RENEW_EVERY: Duration = Duration::from_secs(1);
 
+/// Every this many renewals, an owner reloads its channel's subscriptions.
+const RESYNC_TICKS: u64 = 10;
+
 pub struct Cluster {
     /// This instance's lease holder id (random, per process).
     pub instance: String,
@@ -167,6 +170,7 @@ impl Cluster {
             let mut workers_started = self.start_workers(&channel).await;
             let mut tick = tokio::time::interval(RENEW_EVERY);
             tick.tick().await;
+            let mut ticks: u64 = 0;
             let stepped_down = loop {
                 tokio::select! {
                     _ = stop.cancelled() => break false,
@@ -192,7 +196,10 @@ impl Cluster {
                                 }
                             }
                         }
-                        if !workers_started {
+                        // Now and then, and after a failure, resynchronise the workers with
+                        // the stored subscriptions (an announcement may have been lost).
+                        ticks += 1;
+                        if !workers_started || ticks.is_multiple_of(RESYNC_TICKS) {
                             workers_started = self.start_workers(&channel).await;
                         }
                     }

@@ -85,16 +85,33 @@ impl Fanout {
         }
     }
 
-    /// This instance now owns `channel`: starts a worker for each of its stored subscriptions.
+    /// This instance owns `channel`: runs a worker for each of its stored subscriptions, and
+    /// none for a subscription no longer stored (called again now and then to stay in sync).
     pub async fn take_channel(self: &Arc<Self>, channel: &str) -> Result<usize, StoreError> {
         if let Some(set) = &mut *self.owned.lock().unwrap_or_else(|e| e.into_inner()) {
             set.insert(channel.to_string());
         }
-        let subs = self.store.subscriptions().await?;
-        let mut started = 0;
-        for sub in subs.into_iter().filter(|s| s.channel == channel) {
+        let subs: Vec<Subscription> = self
+            .store
+            .subscriptions()
+            .await?
+            .into_iter()
+            .filter(|s| s.channel == channel)
+            .collect();
+        // Workers of subscriptions removed meanwhile stop.
+        {
+            let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+            live.1.retain(|id, h| {
+                let gone = h.sub.borrow().channel == channel && !subs.iter().any(|s| &s.id == id);
+                if gone {
+                    h.cancel.cancel();
+                }
+                !gone
+            });
+        }
+        let started = subs.len();
+        for sub in subs {
             self.refresh(sub).await?;
-            started += 1;
         }
         Ok(started)
     }
@@ -147,7 +164,13 @@ impl Fanout {
         };
         match existing {
             Some(tx) => {
-                tx.send_replace(Arc::new(sub));
+                tx.send_if_modified(|current| {
+                    let changed = **current != sub;
+                    if changed {
+                        *current = Arc::new(sub);
+                    }
+                    changed
+                });
             }
             None => {
                 let state = self.store.delivery(&sub.id).await?.unwrap_or_default();
