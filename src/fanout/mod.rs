@@ -118,7 +118,8 @@ impl Fanout {
 
     /// This instance no longer owns `channel`: stops the workers of its subscriptions.
     pub fn drop_channel(&self, channel: &str) {
-        if let Some(set) = &mut *self.owned.lock().unwrap_or_else(|e| e.into_inner()) {
+        let mut owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(set) = &mut *owned {
             set.remove(channel);
         }
         let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
@@ -299,6 +300,15 @@ impl Fanout {
     }
 
     fn spawn(self: &Arc<Self>, sub: Subscription, state: DeliveryState) {
+        // Held until the worker is registered, so that `drop_channel` cannot slip in between
+        // (lock order: `owned`, then `live`).
+        let owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
+        if owned
+            .as_ref()
+            .is_some_and(|set| !set.contains(&sub.channel))
+        {
+            return;
+        }
         let cancel = self.cancel.child_token();
         let (tx, rx) = watch::channel(Arc::new(sub.clone()));
         let generation = {
@@ -317,6 +327,7 @@ impl Fanout {
             }
             generation
         };
+        drop(owned);
         let fanout = self.clone();
         self.tasks.spawn(async move {
             delivery::run_worker(fanout, rx, state, cancel, generation).await;
