@@ -53,6 +53,9 @@ pub struct Cluster {
     config: Arc<Config>,
     feeds: Arc<BTreeMap<String, Arc<ChannelFeed>>>,
     fanout: Arc<Fanout>,
+    /// The tasks keeping leases, and their stop (cancelled by `release_all`).
+    leases: TaskTracker,
+    released: CancellationToken,
 }
 
 impl Cluster {
@@ -70,6 +73,8 @@ impl Cluster {
             config,
             feeds,
             fanout,
+            leases: TaskTracker::new(),
+            released: CancellationToken::new(),
         })
     }
 
@@ -98,6 +103,10 @@ impl Cluster {
     /// Gives up every lease this instance holds (clean shutdown, after the workers stopped),
     /// so that another instance takes over at once.
     pub async fn release_all(&self) {
+        self.released.cancel();
+        self.leases.close();
+        // No renewal may land after the release.
+        let _ = tokio::time::timeout(LEASE_TTL, self.leases.wait()).await;
         for channel in self.feeds.keys() {
             if let Err(e) = self.store.release_lease(channel, &self.instance).await {
                 tracing::warn!(%channel, error = %e, "cannot release the ownership lease");
@@ -127,13 +136,14 @@ impl Cluster {
         }
         loop {
             // Follower: until the lease is ours.
-            loop {
+            let acquired_at = loop {
+                let attempt = Instant::now();
                 match self
                     .store
                     .try_lease(&channel, &self.instance, LEASE_TTL)
                     .await
                 {
-                    Ok(true) => break,
+                    Ok(true) => break attempt,
                     Ok(false) => {}
                     Err(e) => tracing::debug!(%channel, error = %e, "cannot try the lease"),
                 }
@@ -157,11 +167,17 @@ impl Cluster {
                         }
                     }
                 }
-            }
+            };
 
-            // Owner: batch, deliver, announce; renew the lease.
-            let mut renewed = Instant::now();
+            // Owner: batch, deliver, announce. The lease is kept by its own task, which stops
+            // the workers itself the moment the lease is in doubt.
             tracing::info!(%channel, instance = %self.instance, published = feed.published_seq(), "owning channel");
+            self.fanout.own_channel(&channel);
+            let lost = CancellationToken::new();
+            self.leases.spawn(
+                self.clone()
+                    .keep_lease(channel.clone(), acquired_at, lost.clone()),
+            );
             let owner_stop = CancellationToken::new();
             let batcher =
                 Batcher::continuing(feed.clone(), self.store.clone(), self.config.clone());
@@ -171,9 +187,11 @@ impl Cluster {
             let mut tick = tokio::time::interval(RENEW_EVERY);
             tick.tick().await;
             let mut ticks: u64 = 0;
+            let mut events_open = true;
             let stepped_down = loop {
                 tokio::select! {
                     _ = stop.cancelled() => break false,
+                    _ = lost.cancelled() => break true,
                     n = live.recv() => match n {
                         Ok(n) => self.announce_published(&channel, n.first, n.last).await,
                         Err(RecvError::Lagged(_)) => {
@@ -182,20 +200,6 @@ impl Cluster {
                         Err(RecvError::Closed) => {}
                     },
                     _ = tick.tick() => {
-                        let attempt = Instant::now();
-                        match self.store.try_lease(&channel, &self.instance, LEASE_TTL).await {
-                            Ok(true) => renewed = attempt,
-                            Ok(false) => {
-                                tracing::warn!(%channel, "ownership lease lost; stepping down");
-                                break true;
-                            }
-                            Err(e) => {
-                                if renewed.elapsed() + RENEW_EVERY >= LEASE_TTL {
-                                    tracing::warn!(%channel, error = %e, "cannot renew the ownership lease; stepping down");
-                                    break true;
-                                }
-                            }
-                        }
                         // Now and then, and after a failure, resynchronise the workers with
                         // the stored subscriptions (an announcement may have been lost).
                         ticks += 1;
@@ -203,16 +207,16 @@ impl Cluster {
                             workers_started = self.start_workers(&channel).await;
                         }
                     }
-                    event = events.recv() => {
-                        if let Ok(ClusterEvent::Subscription { channel: c, id }) = event {
-                            if c == channel {
-                                if let Err(e) = self.fanout.subscription_changed(&id).await {
-                                    tracing::warn!(%channel, subscription = %id, error = %e, "cannot follow a subscription change");
-                                    workers_started = false; // reload them all on the next tick
-                                }
+                    event = events.recv(), if events_open => match event {
+                        Ok(ClusterEvent::Subscription { channel: c, id }) if c == channel => {
+                            if let Err(e) = self.fanout.subscription_changed(&id).await {
+                                tracing::warn!(%channel, subscription = %id, error = %e, "cannot follow a subscription change");
+                                workers_started = false; // reload them all on the next tick
                             }
                         }
-                    }
+                        Err(RecvError::Closed) => events_open = false,
+                        _ => {}
+                    },
                 }
             };
             owner_stop.cancel();
@@ -222,9 +226,50 @@ impl Cluster {
                 self.announce_published(&channel, n.first, n.last).await;
             }
             if !stepped_down {
-                return; // shutting down: workers drain, then `release_all`
+                // Shutting down: the lease is kept while the workers drain; `release_all`.
+                return;
             }
             self.fanout.drop_channel(&channel);
+        }
+    }
+
+    /// Renews the lease of `channel` every [`RENEW_EVERY`] until `lost` or `release_all`.
+    /// When the lease is taken, or not renewed within `LEASE_TTL - RENEW_EVERY` of sending the
+    /// last successful renewal (so before Redis can give it to anyone else), stops the
+    /// channel's workers at once and cancels `lost`.
+    async fn keep_lease(
+        self: Arc<Self>,
+        channel: String,
+        acquired_at: Instant,
+        lost: CancellationToken,
+    ) {
+        let mut renewed = acquired_at;
+        let step_down = |reason: &str| {
+            tracing::warn!(%channel, reason, "stepping down as owner");
+            self.fanout.drop_channel(&channel);
+            lost.cancel();
+        };
+        loop {
+            let deadline = renewed + LEASE_TTL - RENEW_EVERY;
+            tokio::select! {
+                _ = lost.cancelled() => return,
+                _ = self.released.cancelled() => return,
+                _ = tokio::time::sleep(RENEW_EVERY) => {}
+            }
+            let attempt = Instant::now();
+            tokio::select! {
+                _ = lost.cancelled() => return,
+                _ = self.released.cancelled() => return,
+                r = self.store.try_lease(&channel, &self.instance, LEASE_TTL) => match r {
+                    Ok(true) => renewed = attempt,
+                    Ok(false) => return step_down("the lease was taken"),
+                    Err(e) => tracing::debug!(%channel, error = %e, "cannot renew the lease"),
+                },
+                _ = tokio::time::sleep_until(deadline) => {}
+            }
+            if Instant::now() >= renewed + LEASE_TTL - RENEW_EVERY {
+                return step_down("the lease could not be renewed in time");
+            }
         }
     }
 

@@ -85,12 +85,16 @@ impl Fanout {
         }
     }
 
-    /// This instance owns `channel`: runs a worker for each of its stored subscriptions, and
-    /// none for a subscription no longer stored (called again now and then to stay in sync).
-    pub async fn take_channel(self: &Arc<Self>, channel: &str) -> Result<usize, StoreError> {
+    /// This instance now owns `channel` (its workers start with [`Fanout::take_channel`]).
+    pub fn own_channel(&self, channel: &str) {
         if let Some(set) = &mut *self.owned.lock().unwrap_or_else(|e| e.into_inner()) {
             set.insert(channel.to_string());
         }
+    }
+
+    /// For an owned `channel`: runs a worker for each of its stored subscriptions, and
+    /// none for a subscription no longer stored (called again now and then to stay in sync).
+    pub async fn take_channel(self: &Arc<Self>, channel: &str) -> Result<usize, StoreError> {
         let subs: Vec<Subscription> = self
             .store
             .subscriptions()
