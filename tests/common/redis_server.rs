@@ -1,5 +1,5 @@
-//! A private `redis-server` per test: on a free loopback port, in a temporary folder, killed
-//! when dropped. Tests never touch any other Redis.
+//! A private `redis-server` per test: no TCP port, only a unix socket in its own temporary
+//! folder (so no test can reach another's server, or any other Redis); killed when dropped.
 #![allow(dead_code)]
 
 use std::path::PathBuf;
@@ -7,18 +7,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub struct RedisServer {
-    pub port: u16,
     pub aof: bool,
     dir: tempfile::TempDir,
     child: Option<Child>,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 impl RedisServer {
@@ -26,7 +17,6 @@ impl RedisServer {
     /// before Redis answers.
     pub fn start(aof: bool) -> RedisServer {
         let mut server = RedisServer {
-            port: free_port(),
             aof,
             dir: tempfile::tempdir().unwrap(),
             child: None,
@@ -36,7 +26,11 @@ impl RedisServer {
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        format!("redis+unix://{}", self.socket().display())
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.path().join("redis.sock")
     }
 
     pub fn dir(&self) -> PathBuf {
@@ -48,9 +42,9 @@ impl RedisServer {
         let child = Command::new(bin)
             .args([
                 "--port",
-                &self.port.to_string(),
-                "--bind",
-                "127.0.0.1",
+                "0",
+                "--unixsocket",
+                self.socket().to_str().unwrap(),
                 "--save",
                 "",
                 "--appendonly",
@@ -86,7 +80,7 @@ impl RedisServer {
 
     fn ping(&self) -> bool {
         use std::io::{Read, Write};
-        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.port)) else {
+        let Ok(mut s) = std::os::unix::net::UnixStream::connect(self.socket()) else {
             return false;
         };
         let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
@@ -105,7 +99,7 @@ impl RedisServer {
         }
     }
 
-    /// Starts again on the same port and folder (the AOF, if any, is replayed).
+    /// Starts again on the same socket and folder (the AOF, if any, is replayed).
     pub fn restart(&mut self) {
         self.kill();
         self.launch();
