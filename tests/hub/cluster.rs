@@ -9,6 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use changehub::cluster::LEASE_TTL;
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -182,6 +184,19 @@ async fn all_seqs(url: &str) -> Vec<u64> {
             None => return seqs,
         }
     }
+}
+
+/// User + system CPU time of a process so far, from /proc.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name (which is in parentheses): state is field 3; utime and
+    // stime are fields 14 and 15.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = rest.split(' ').collect();
+    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    // SAFETY: sysconf only reads a configuration value.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    ticks / per_second
 }
 
 /// Every delivery starts at most one past the furthest seq delivered before it: nothing is
@@ -456,6 +471,29 @@ async fn redis_restart_loses_nothing_acknowledged() {
         .unwrap();
     assert_eq!(resp.status(), 503, "writes refused while Redis is down");
     let acked_before_restart = acked.lock().unwrap().clone();
+
+    // No busy loop while Redis is down: over five seconds of outage (long enough for the
+    // owner to fail its renewals and step down, so that recovery also means taking the channel
+    // again), both processes together use a small fraction of one core — while the sources
+    // keep knocking (each refusal answered).
+    let cpu_before = cpu_seconds(a.pid()) + cpu_seconds(b.pid());
+    let window = Instant::now();
+    wait_until(
+        "five seconds of outage",
+        Duration::from_secs(10),
+        || async { window.elapsed() >= LEASE_TTL },
+    )
+    .await;
+    let cpu = cpu_seconds(a.pid()) + cpu_seconds(b.pid()) - cpu_before;
+    let share = cpu / window.elapsed().as_secs_f64();
+    eprintln!(
+        "while Redis was down: {:.1}% of one core for both instances",
+        100.0 * share
+    );
+    assert!(
+        share < 0.25,
+        "busy loop while Redis is down: {share:.2} of a core"
+    );
 
     redis.restart();
     for hub in [&a, &b] {
