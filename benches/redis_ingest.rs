@@ -125,24 +125,52 @@ fn change(i: usize) -> NewChange {
     }
 }
 
-async fn store_ingest(url: &str, total: usize) -> f64 {
+/// CPU seconds of Redis's main thread so far (`INFO cpu`).
+async fn redis_busy_usec(url: &str) -> f64 {
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("cpu")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    info.lines()
+        .filter(|l| {
+            l.starts_with("used_cpu_sys_main_thread:")
+                || l.starts_with("used_cpu_user_main_thread:")
+        })
+        .filter_map(|l| l.split(':').nth(1))
+        .filter_map(|v| v.trim().parse::<f64>().ok())
+        .sum::<f64>()
+        * 1e6
+}
+
+/// Changes/s, and the share of the wall time Redis spent executing commands.
+async fn store_ingest(url: &str, total: usize) -> (f64, f64) {
     let store: Arc<dyn Store> = Arc::new(RedisStore::open(url).unwrap());
     store.ping().await.unwrap();
     let per_task = total / TASKS / BATCH;
+    // The changes are made before the clock starts: this measures the store.
+    let work: Vec<Vec<Vec<NewChange>>> = (0..TASKS)
+        .map(|t| {
+            (0..per_task)
+                .map(|b| {
+                    (0..BATCH)
+                        .map(|i| change((t * per_task + b) * BATCH + i))
+                        .collect()
+                })
+                .collect()
+        })
+        .collect();
+    let busy_before = redis_busy_usec(url).await;
     let started = Instant::now();
     let mut tasks = Vec::new();
-    for t in 0..TASKS {
+    for batches in work {
         let store = store.clone();
         tasks.push(tokio::spawn(async move {
-            for b in 0..per_task {
-                let changes = (0..BATCH).map(|i| change((t * per_task + b) * BATCH + i));
+            for changes in batches {
                 store
-                    .append(
-                        "bench",
-                        changes.collect(),
-                        None,
-                        time::OffsetDateTime::now_utc(),
-                    )
+                    .append("bench", changes, None, time::OffsetDateTime::now_utc())
                     .await
                     .unwrap();
             }
@@ -151,10 +179,12 @@ async fn store_ingest(url: &str, total: usize) -> f64 {
     for t in tasks {
         t.await.unwrap();
     }
-    (per_task * TASKS * BATCH) as f64 / started.elapsed().as_secs_f64()
+    let wall = started.elapsed().as_secs_f64();
+    let busy = (redis_busy_usec(url).await - busy_before) / 1e6 / wall;
+    ((per_task * TASKS * BATCH) as f64 / wall, busy)
 }
 
-async fn http_ingest(url: &str, total: usize) -> f64 {
+async fn http_ingest(url: &str, total: usize) -> (f64, f64) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let mut config = Config::new(addr, "unused".into()).with_channel("web", TOKEN);
@@ -184,6 +214,7 @@ async fn http_ingest(url: &str, total: usize) -> f64 {
         })
         .collect();
     let body = Arc::new(serde_json::to_vec(&body).unwrap());
+    let busy_before = redis_busy_usec(url).await;
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..TASKS {
@@ -207,10 +238,12 @@ async fn http_ingest(url: &str, total: usize) -> f64 {
     for t in tasks {
         t.await.unwrap();
     }
-    let rate = (per_task * TASKS * BATCH) as f64 / started.elapsed().as_secs_f64();
+    let wall = started.elapsed().as_secs_f64();
+    let busy = (redis_busy_usec(url).await - busy_before) / 1e6 / wall;
+    let rate = (per_task * TASKS * BATCH) as f64 / wall;
     let _ = stop.send(());
     let _ = tokio::time::timeout(Duration::from_secs(20), hub).await;
-    rate
+    (rate, busy)
 }
 
 #[tokio::main]
@@ -219,17 +252,31 @@ async fn main() {
     let url = format!("redis://127.0.0.1:{}/", server.port);
     let n = scale(200_000);
     let xadd = redis_benchmark_xadd(server.port, n);
-    let store = store_ingest(&url, n).await;
-    let http = http_ingest(&url, n).await;
+    let (store, store_busy) = store_ingest(&url, n).await;
+    let (http, http_busy) = http_ingest(&url, n).await;
     let aof = std::env::var("BENCH_REDIS_AOF").unwrap_or_else(|_| "off".into());
     println!("redis ingest (AOF {aof}), {n} changes each, batches of {BATCH}, {TASKS} concurrent:");
     println!("  raw redis-benchmark -P 100 XADD: {xadd:>12.0} ops/s");
     println!(
-        "  RedisStore::append:              {store:>12.0} changes/s  ({:.0}% of XADD)",
-        100.0 * store / xadd
+        "  RedisStore::append:              {store:>12.0} changes/s  ({:.0}% of XADD; Redis busy {:.0}% of the time)",
+        100.0 * store / xadd,
+        100.0 * store_busy
     );
     println!(
-        "  HTTP ingest (whole hub):         {http:>12.0} changes/s  ({:.0}% of XADD)",
-        100.0 * http / xadd
+        "  HTTP ingest (whole hub):         {http:>12.0} changes/s  ({:.0}% of XADD; Redis busy {:.0}% of the time)",
+        100.0 * http / xadd,
+        100.0 * http_busy
+    );
+    println!(
+        "  (machine: {} CPUs, load average {})",
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0),
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .split(' ')
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
     );
 }
