@@ -6,7 +6,7 @@
 //!
 //! | key | type | what |
 //! |---|---|---|
-//! | `changehub:{c}:log` | stream | the log; entry id `SEQ-0`, fields `d` (final datetime as a sortable key) and `c` (the change as the source sent it, JSON) |
+//! | `changehub:{c}:log` | stream | the log; entry id `SEQ-0`, one field `e`: the final datetime as a 23-digit sortable key, then the change as the source sent it (JSON, empty fields left out) |
 //! | `changehub:{c}:meta` | hash | `last` (newest seq), `oldest` (first retained seq), `dt` (latest datetime key), `published` (what the owner announced) |
 //! | `changehub:{c}:idem` | hash | idempotency key → `at first last accepted fingerprint` |
 //! | `changehub:{c}:idem-at` | sorted set | idempotency key by time, to forget them after 24 h |
@@ -65,7 +65,7 @@ const SCAN_PAGE: usize = 1000;
 const APPEND: &str = r#"
 -- KEYS: log, meta, idem, idem-at
 -- ARGV: idempotency key ('' for none), fingerprint, now (unix s), ttl (s), events channel,
---       channel name, then pairs (datetime key, change JSON)
+--       channel name, then one entry per change: its datetime key (23 digits) and its JSON
 local key = ARGV[1]
 local now = tonumber(ARGV[3])
 if key ~= '' then
@@ -82,12 +82,16 @@ local meta = redis.call('HMGET', KEYS[2], 'last', 'dt')
 local last = tonumber(meta[1] or '0')
 local latest = meta[2] or ''
 local first = last + 1
-local n = (#ARGV - 6) / 2
+local n = #ARGV - 6
 for i = 0, n - 1 do
-  local d = ARGV[7 + 2 * i]
-  if d < latest then d = latest end
+  local e = ARGV[7 + i]
+  local d = string.sub(e, 1, 23)
+  if d < latest then
+    d = latest
+    e = latest .. string.sub(e, 24)
+  end
   last = last + 1
-  redis.call('XADD', KEYS[1], string.format('%d-0', last), 'd', d, 'c', ARGV[8 + 2 * i])
+  redis.call('XADD', KEYS[1], string.format('%d-0', last), 'e', e)
   latest = d
 end
 if n > 0 then
@@ -171,9 +175,11 @@ async fn timed<T>(f: impl Future<Output = RedisResult<T>>) -> Result<T, StoreErr
     }
 }
 
-/// A datetime as a fixed-width decimal string that sorts like the datetime (Lua compares it
-/// as a string; numbers in Lua are doubles and would lose nanoseconds).
+/// A datetime as a fixed-width ([`DT_KEY_LEN`]) decimal string that sorts like the datetime
+/// (Lua compares it as a string; numbers in Lua are doubles and would lose nanoseconds).
 const DT_BIAS: i128 = 1_000_000_000_000_000_000_000;
+/// The APPEND script relies on this width.
+const DT_KEY_LEN: usize = 23;
 
 pub fn datetime_key(t: OffsetDateTime) -> String {
     format!("{:023}", t.unix_timestamp_nanos() + DT_BIAS)
@@ -381,20 +387,17 @@ fn entry_to_change(id: &str, fields: &[Vec<u8>]) -> Result<Change, StoreError> {
         .split_once('-')
         .and_then(|(s, _)| s.parse().ok())
         .ok_or_else(|| StoreError::Corrupt(format!("bad entry id {id:?}")))?;
-    let mut d = None;
-    let mut c = None;
-    for pair in fields.chunks(2) {
-        if let [name, value] = pair {
-            match name.as_slice() {
-                b"d" => d = Some(value),
-                b"c" => c = Some(value),
-                _ => {}
-            }
-        }
+    let entry = fields
+        .chunks(2)
+        .find_map(|pair| match pair {
+            [name, value] if name.as_slice() == b"e" => Some(value),
+            _ => None,
+        })
+        .ok_or_else(|| StoreError::Corrupt(format!("entry {id} lacks its change")))?;
+    if entry.len() < DT_KEY_LEN {
+        return Err(StoreError::Corrupt(format!("entry {id} is too short")));
     }
-    let (Some(d), Some(c)) = (d, c) else {
-        return Err(StoreError::Corrupt(format!("entry {id} lacks fields")));
-    };
+    let (d, c) = entry.split_at(DT_KEY_LEN);
     let d = std::str::from_utf8(d).map_err(|e| StoreError::Corrupt(e.to_string()))?;
     let new: NewChange = decode(c)?;
     // Keep the source's own datetime (and its offset) when it was not raised.
@@ -577,11 +580,10 @@ impl Store for RedisStore {
             .arg(EVENTS)
             .arg(channel);
         for change in &changes {
-            let json = serde_json::to_vec(&Stored::from(change))
+            let mut entry = datetime_key(change.datetime.unwrap_or(now)).into_bytes();
+            serde_json::to_writer(&mut entry, &Stored::from(change))
                 .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-            invocation
-                .arg(datetime_key(change.datetime.unwrap_or(now)))
-                .arg(json);
+            invocation.arg(entry);
         }
         let mut conn = self.conn();
         let (status, accepted, first, last): (u8, u64, u64, u64) =
@@ -925,6 +927,11 @@ mod tests {
         assert!(datetime_key(a) < datetime_key(b));
         assert!(datetime_key(b) < datetime_key(c));
         assert_eq!(datetime_from_key(&datetime_key(c)).unwrap(), c);
-        assert_eq!(datetime_key(a).len(), datetime_key(c).len());
+        assert_eq!(datetime_key(a).len(), DT_KEY_LEN);
+        assert_eq!(datetime_key(c).len(), DT_KEY_LEN);
+        let far = crate::change::parse_w3c_datetime("9999-12-31T23:59:59.999999999Z").unwrap();
+        let early = crate::change::parse_w3c_datetime("0001-01-01T00:00:00Z").unwrap();
+        assert_eq!(datetime_key(far).len(), DT_KEY_LEN);
+        assert_eq!(datetime_key(early).len(), DT_KEY_LEN);
     }
 }
