@@ -687,3 +687,61 @@ async fn wait_until_owner(redis: &str, insides: &[&Insides]) -> usize {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A clean stop (SIGTERM) of the owner gives its lease up: the other instance takes the
+/// channel at once, not after the lease would have expired, and delivery goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_stop_hands_the_channel_over_at_once() {
+    let redis = RedisServer::start(false);
+    let a = Instance::start(&redis.url()).await;
+    let b = Instance::start(&redis.url()).await;
+    let owner = wait_owner(&redis.url(), &[&a, &b]).await;
+    let (mut owner, survivor) = if owner == 0 { (a, b) } else { (b, a) };
+    let receiver = Receiver::start(Behaviour::default()).await;
+    subscribe(&survivor.url, &receiver.url).await;
+    receiver.wait_verified(1).await;
+    wait_until("subscription active", Duration::from_secs(10), || async {
+        admin_json(&survivor.url, "/api/subscriptions")
+            .await
+            .as_array()
+            .is_some_and(|s| s.len() == 1)
+    })
+    .await;
+    let client = reqwest::Client::new();
+    let (_, last) = push(&client, &owner.url, "before", 10).await.unwrap();
+    receiver.wait_seq(last, Duration::from_secs(20)).await;
+
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(owner.pid() as i32, libc::SIGTERM) }, 0);
+    let status = tokio::task::spawn_blocking(move || {
+        let status = owner.child.wait().unwrap();
+        (owner, status)
+    });
+    let (owner, status) = tokio::time::timeout(Duration::from_secs(30), status)
+        .await
+        .expect("the owner stops")
+        .unwrap();
+    assert!(status.success(), "clean exit: {status}");
+    let stopped = Instant::now();
+    wait_until(
+        "the survivor owns the channel",
+        Duration::from_secs(10),
+        || async { owner_pid(&redis.url()).await == Some(survivor.pid()) },
+    )
+    .await;
+    let handover = stopped.elapsed();
+    eprintln!(
+        "clean handover: {:.2} s after the owner exited",
+        handover.as_secs_f64()
+    );
+    assert!(
+        handover < LEASE_TTL - Duration::from_secs(2),
+        "released, not expired: {handover:?}"
+    );
+    drop(owner);
+    let (_, last) = push(&client, &survivor.url, "after", 10).await.unwrap();
+    receiver.wait_seq(last, Duration::from_secs(20)).await;
+    let mut got = receiver.delivered_seqs();
+    got.dedup();
+    assert_eq!(got, (1..=last).collect::<Vec<_>>());
+}
