@@ -745,3 +745,62 @@ async fn a_clean_stop_hands_the_channel_over_at_once() {
     got.dedup();
     assert_eq!(got, (1..=last).collect::<Vec<_>>());
 }
+
+/// A subscription removed through the instance that does not deliver it stops at the owner:
+/// subscription changes travel between instances.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_a_subscription_on_one_instance_stops_delivery_on_the_owner() {
+    let redis = RedisServer::start(false);
+    let a = Instance::start(&redis.url()).await;
+    let b = Instance::start(&redis.url()).await;
+    let owner = wait_owner(&redis.url(), &[&a, &b]).await;
+    let (owner, other) = if owner == 0 { (&a, &b) } else { (&b, &a) };
+    let receiver = Receiver::start(Behaviour::default()).await;
+    subscribe(&owner.url, &receiver.url).await;
+    receiver.wait_verified(1).await;
+    let id: Arc<Mutex<String>> = Arc::default();
+    wait_until("subscription listed", Duration::from_secs(10), || async {
+        match admin_json(&other.url, "/api/subscriptions").await[0]["id"].as_str() {
+            Some(found) => {
+                *id.lock().unwrap() = found.to_string();
+                true
+            }
+            None => false,
+        }
+    })
+    .await;
+    let id = id.lock().unwrap().clone();
+    let client = reqwest::Client::new();
+    let (_, last) = push(&client, &other.url, "before", 3).await.unwrap();
+    receiver.wait_seq(last, Duration::from_secs(20)).await;
+
+    let resp = client
+        .delete(format!("{}/api/subscriptions/{id}", other.url))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 204);
+    // Then a marker subscriber, subscribed after the removal, proves that later pushes were
+    // delivered by the owner: once it has them, the removed one must not.
+    let marker = Receiver::start(Behaviour::default()).await;
+    subscribe(&other.url, &marker.url).await;
+    marker.wait_verified(1).await;
+    wait_until("marker active", Duration::from_secs(10), || async {
+        admin_json(&owner.url, "/api/subscriptions")
+            .await
+            .as_array()
+            .is_some_and(|s| s.len() == 1)
+    })
+    .await;
+    // Two rounds: a worker still running for the removed subscription would have been sent
+    // the first round's notification by the time the marker has the second.
+    let (_, after) = push(&client, &owner.url, "after", 3).await.unwrap();
+    marker.wait_seq(after, Duration::from_secs(20)).await;
+    let (_, after) = push(&client, &other.url, "after2", 3).await.unwrap();
+    marker.wait_seq(after, Duration::from_secs(20)).await;
+    assert!(
+        receiver.delivered_seqs().iter().all(|&s| s <= last),
+        "nothing delivered after the removal"
+    );
+}
