@@ -27,6 +27,10 @@ struct Instance {
 
 impl Instance {
     async fn start(redis: &str) -> Instance {
+        Instance::start_with(redis, &[]).await
+    }
+
+    async fn start_with(redis: &str, extra: &[&str]) -> Instance {
         let port = free_port();
         let child = Command::new(env!("CARGO_BIN_EXE_changehub"))
             .args([
@@ -47,6 +51,7 @@ impl Instance {
                 "--retry-max",
                 "1s",
             ])
+            .args(extra)
             .env("RUST_LOG", "changehub=warn")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -802,5 +807,105 @@ async fn removing_a_subscription_on_one_instance_stops_delivery_on_the_owner() {
     assert!(
         receiver.delivered_seqs().iter().all(|&s| s <= last),
         "nothing delivered after the removal"
+    );
+}
+
+/// A round-robin TCP proxy on loopback, like the compose file's nginx: each new connection
+/// goes to the next upstream. Returns how many connections each upstream got.
+fn round_robin_proxy(
+    listener: tokio::net::TcpListener,
+    upstreams: Vec<String>,
+) -> Arc<Mutex<Vec<usize>>> {
+    let counts = Arc::new(Mutex::new(vec![0; upstreams.len()]));
+    let seen = counts.clone();
+    tokio::spawn(async move {
+        let mut next = 0;
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            let i = next % upstreams.len();
+            next += 1;
+            seen.lock().unwrap()[i] += 1;
+            let upstream = upstreams[i].clone();
+            tokio::spawn(async move {
+                if let Ok(mut outbound) = tokio::net::TcpStream::connect(&upstream).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+        }
+    });
+    counts
+}
+
+/// The compose topology end to end: Redis with AOF, two instances, one port in front (a
+/// round-robin proxy standing in for nginx), readiness by `changehub healthcheck` through
+/// that port. A source and a subscriber that only know the one address get every change once,
+/// in order, while both instances take part.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_compose_topology_works_through_one_port() {
+    let redis = RedisServer::start(true);
+    // The one port first: both instances announce it as their public URL, as in the compose
+    // file, so topics are the same whichever instance answers.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hub = format!("http://{}", listener.local_addr().unwrap());
+    let a = Instance::start_with(&redis.url(), &["--public-url", &hub]).await;
+    let b = Instance::start_with(&redis.url(), &["--public-url", &hub]).await;
+    let upstreams = [&a, &b]
+        .iter()
+        .map(|i| i.url.trim_start_matches("http://").to_string())
+        .collect();
+    let counts = round_robin_proxy(listener, upstreams);
+    let ok = tokio::task::spawn_blocking({
+        let hub = hub.clone();
+        move || {
+            Command::new(env!("CARGO_BIN_EXE_changehub"))
+                .args(["healthcheck", &hub])
+                .status()
+                .is_ok_and(|s| s.success())
+        }
+    })
+    .await
+    .unwrap();
+    assert!(ok, "healthcheck through the one port");
+
+    let receiver = Receiver::start(Behaviour::default()).await;
+    subscribe(&hub, &receiver.url).await;
+    receiver.wait_verified(1).await;
+    wait_until("subscription active", Duration::from_secs(10), || async {
+        admin_json(&b.url, "/api/subscriptions")
+            .await
+            .as_array()
+            .is_some_and(|s| s.len() == 1)
+    })
+    .await;
+
+    // No connection reuse: every request is a new connection, so the proxy alternates.
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let mut last = 0;
+    for i in 0..20 {
+        let (first, l) = push(&client, &hub, &format!("p/{i}"), 10)
+            .await
+            .expect("202 through the proxy");
+        assert_eq!(first, last + 1);
+        last = l;
+    }
+    receiver.wait_seq(last, Duration::from_secs(30)).await;
+    assert_eq!(receiver.delivered_seqs(), (1..=last).collect::<Vec<_>>());
+    let delivery = &receiver.delivered()[0];
+    assert_eq!(
+        delivery.header("link"),
+        Some(
+            format!(
+                "<{hub}/hub>; rel=\"hub\", <{hub}/channels/{CHANNEL}/changelist.xml>; rel=\"self\""
+            )
+            .as_str()
+        ),
+        "links name the one public address"
+    );
+    let counts = counts.lock().unwrap().clone();
+    assert!(
+        counts.iter().all(|&c| c >= 10),
+        "both instances served: {counts:?}"
     );
 }
