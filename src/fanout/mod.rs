@@ -246,9 +246,8 @@ impl Fanout {
                         state
                     }
                 };
-                if self.owns(&sub.channel) {
-                    self.spawn(sub, state);
-                }
+                // Only where the channel is delivered (see `spawn`).
+                self.spawn(sub, state);
             }
         }
         self.tell_others(&channel, &id).await;
