@@ -122,7 +122,18 @@ pub async fn subscriptions(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     authorize(&state, &headers)?;
-    let mut subs = state.fanout.active();
+    // On a shared store, workers run only on each channel's owner: list the store's.
+    let mut subs = if state.store.shared() {
+        state
+            .store
+            .subscriptions()
+            .await?
+            .into_iter()
+            .map(std::sync::Arc::new)
+            .collect()
+    } else {
+        state.fanout.active()
+    };
     subs.sort_by(|a, b| (&a.channel, &a.callback).cmp(&(&b.channel, &b.callback)));
     let mut out = Vec::with_capacity(subs.len());
     for sub in subs {

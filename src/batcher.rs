@@ -110,6 +110,12 @@ impl ChannelFeed {
         recent.iter().find(|n| n.first == first).cloned()
     }
 
+    /// Publishes a notification cut elsewhere: by the instance that owns the channel, read
+    /// back from the shared log (see [`crate::cluster`]).
+    pub fn announce(&self, n: Notification) {
+        self.publish(n);
+    }
+
     fn publish(&self, n: Notification) {
         let n = Arc::new(n);
         {
@@ -128,7 +134,7 @@ impl ChannelFeed {
 
     /// Marks everything up to `seq` as published without a notification (start-up: what was
     /// durable before is served from the log).
-    fn start_at(&self, seq: u64) {
+    pub fn start_at(&self, seq: u64) {
         self.published.send_replace(seq);
     }
 }
@@ -149,6 +155,24 @@ impl Batcher {
         let mut head_rx = store.watch_head(&feed.name);
         let published = *head_rx.borrow_and_update();
         feed.start_at(published);
+        Batcher {
+            feed,
+            store,
+            config,
+            head_rx,
+            published,
+        }
+    }
+
+    /// A batcher that goes on from what `feed` has already published (an instance taking a
+    /// channel over from another: what the other announced was followed, the rest is cut).
+    pub fn continuing(
+        feed: Arc<ChannelFeed>,
+        store: Arc<dyn Store>,
+        config: Arc<Config>,
+    ) -> Batcher {
+        let head_rx = store.watch_head(&feed.name);
+        let published = feed.published_seq();
         Batcher {
             feed,
             store,

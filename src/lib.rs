@@ -11,7 +11,8 @@
 //! - [`change`]: the change model and its validation.
 //! - [`resourcesync`]: ResourceSync documents, written and parsed; no HTTP.
 //! - [`ingest`]: `POST /channels/{name}/changes`.
-//! - [`store`]: the [`store::Store`] trait and its engines (embedded redb).
+//! - [`store`]: the [`store::Store`] trait and its engines (embedded redb, Redis).
+//! - [`cluster`]: several instances on one Redis: channel ownership leases, followers.
 //! - [`batcher`]: cuts the log into notifications per channel.
 //! - [`fanout`]: WebSub subscriptions, verification, signed delivery with retries.
 //! - [`catchup`]: the documents subscribers pull to catch up, and discovery.
@@ -27,6 +28,7 @@ pub mod api;
 pub mod batcher;
 pub mod catchup;
 pub mod change;
+pub mod cluster;
 pub mod config;
 pub mod fanout;
 pub mod http;
@@ -45,7 +47,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::batcher::ChannelFeed;
 use crate::config::{Config, StoreConfig};
-use crate::store::{EmbeddedStore, Store, StoreError};
+use crate::store::{EmbeddedStore, RedisStore, Store, StoreError};
 
 /// How long shutdown waits for background tasks before giving up on them.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -54,10 +56,6 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 pub enum Error {
     #[error("store: {0}")]
     Store(#[from] StoreError),
-    #[error(
-        "the Redis store is not available in this build yet; use the embedded store (--data-dir)"
-    )]
-    RedisUnsupported,
     #[error("server: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -66,7 +64,7 @@ pub enum Error {
 pub fn open_store(config: &Config) -> Result<Arc<dyn Store>, Error> {
     match &config.store {
         StoreConfig::Embedded { data_dir } => Ok(Arc::new(EmbeddedStore::open(data_dir)?)),
-        StoreConfig::Redis { .. } => Err(Error::RedisUnsupported),
+        StoreConfig::Redis { url } => Ok(Arc::new(RedisStore::open(url)?)),
     }
 }
 
@@ -106,9 +104,11 @@ pub async fn run(
     // and before the store goes away.
     let batchers = TaskTracker::new();
     let batcher_cancel = CancellationToken::new();
-    for feed in feeds.values() {
-        let batcher = batcher::Batcher::new(feed.clone(), store.clone(), config.clone());
-        batchers.spawn(batcher.run(batcher_cancel.clone()));
+    if !store.shared() {
+        for feed in feeds.values() {
+            let batcher = batcher::Batcher::new(feed.clone(), store.clone(), config.clone());
+            batchers.spawn(batcher.run(batcher_cancel.clone()));
+        }
     }
 
     let external = fanout::external::External::new(
@@ -128,7 +128,19 @@ pub async fn run(
         cancel.clone(),
         drain.clone(),
     );
-    let resumed = fanout.resume().await?;
+    // On a shared store, each channel is batched and delivered by the instance that owns it.
+    let cluster = if store.shared() {
+        let cluster =
+            cluster::Cluster::new(store.clone(), config.clone(), feeds.clone(), fanout.clone());
+        cluster.start(&batchers, batcher_cancel.clone()).await;
+        Some(cluster)
+    } else {
+        None
+    };
+    let resumed = match &cluster {
+        None => fanout.resume().await?,
+        Some(_) => 0,
+    };
     tasks.spawn(trim_loop(store.clone(), config.clone(), drain.clone()));
 
     let state = http::AppState {
@@ -174,6 +186,9 @@ pub async fn run(
         tracing::warn!("deliveries did not finish in time; stopping them");
         cancel.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(2), tasks.wait()).await;
+    }
+    if let Some(cluster) = &cluster {
+        cluster.release_all().await;
     }
     served?;
     Ok(())

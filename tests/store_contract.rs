@@ -12,6 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use time::OffsetDateTime;
 
+#[path = "common/redis_server.rs"]
+mod redis_server;
+
 fn change(loc: &str) -> NewChange {
     NewChange {
         loc: format!("http://example.com/{loc}"),
@@ -358,6 +361,69 @@ pub async fn data_survives_reopening(e: &dyn Engine) {
     assert_eq!(next.first, 5);
 }
 
+pub async fn one_lease_holder_at_a_time(e: &dyn Engine) {
+    let s = e.open();
+    let ttl = Duration::from_millis(300);
+    if !s.shared() {
+        // A store of one instance: that instance owns everything.
+        assert!(s.try_lease("c", "a", ttl).await.unwrap());
+        assert!(s.events().is_none());
+        return;
+    }
+    assert!(s.try_lease("c", "a", ttl).await.unwrap());
+    assert!(!s.try_lease("c", "b", ttl).await.unwrap(), "held by a");
+    assert!(s.try_lease("c", "a", ttl).await.unwrap(), "a renews");
+    assert!(
+        s.try_lease("d", "b", ttl).await.unwrap(),
+        "leases are per channel"
+    );
+    s.release_lease("c", "b").await.unwrap();
+    assert!(
+        !s.try_lease("c", "b", ttl).await.unwrap(),
+        "only the holder releases"
+    );
+    s.release_lease("c", "a").await.unwrap();
+    assert!(s.try_lease("c", "b", ttl).await.unwrap(), "released");
+    // Not renewed: it expires and another instance takes it.
+    let end = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !s.try_lease("c", "a", ttl).await.unwrap() {
+        assert!(tokio::time::Instant::now() < end, "lease never expired");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+pub async fn events_reach_every_instance(e: &dyn Engine) {
+    let a = e.open();
+    if !a.shared() {
+        assert!(a.events().is_none(), "one instance has nobody to hear");
+        return;
+    }
+    let b = e.open();
+    let mut events = b.events().expect("a shared store has events");
+    let event = changehub::store::ClusterEvent::Subscription {
+        channel: "c".into(),
+        id: "sub-1".into(),
+    };
+    // The listener subscribes in the background: announce until it hears.
+    let end = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        a.announce(&event).await.unwrap();
+        match tokio::time::timeout(Duration::from_millis(200), events.recv()).await {
+            Ok(Ok(got)) if got == event => break,
+            _ => assert!(tokio::time::Instant::now() < end, "event never arrived"),
+        }
+    }
+    // Heads move on every instance.
+    let mut head = b.watch_head("c");
+    a.append("c", changes("x", 3), None, OffsetDateTime::now_utc())
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), head.wait_for(|&h| h == 3))
+        .await
+        .expect("head seen by the other instance")
+        .unwrap();
+}
+
 macro_rules! contract_tests {
     ($engine:ident, $make:expr) => {
         mod $engine {
@@ -371,6 +437,8 @@ macro_rules! contract_tests {
                 watch_head_follows_appends,
                 subscriptions_and_delivery_state,
                 data_survives_reopening,
+                one_lease_holder_at_a_time,
+                events_reach_every_instance,
             );
         }
     };
@@ -400,5 +468,23 @@ contract_tests!(
     embedded,
     Embedded {
         dir: tempfile::tempdir().unwrap()
+    }
+);
+
+/// The Redis store, on a private `redis-server` with AOF.
+struct Redis {
+    server: redis_server::RedisServer,
+}
+
+impl Engine for Redis {
+    fn open(&self) -> Arc<dyn Store> {
+        Arc::new(changehub::store::RedisStore::open(&self.server.url()).unwrap())
+    }
+}
+
+contract_tests!(
+    redis,
+    Redis {
+        server: redis_server::RedisServer::start(true)
     }
 );

@@ -22,7 +22,7 @@ pub mod retry;
 pub mod signing;
 pub mod websub;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -30,7 +30,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::batcher::ChannelFeed;
 use crate::config::Config;
-use crate::store::{DeliveryState, Store, StoreError, Subscription};
+use crate::store::{ClusterEvent, DeliveryState, Store, StoreError, Subscription};
 
 struct Handle {
     generation: u64,
@@ -50,6 +50,10 @@ pub struct Fanout {
     /// Set on shutdown: workers stop once they have nothing left to deliver now.
     drain: CancellationToken,
     live: Mutex<(u64, HashMap<String, Handle>)>,
+    /// The channels whose subscriptions this instance delivers: `None` for all of them (one
+    /// instance on its own store); on a shared store, the channels whose ownership lease this
+    /// instance holds (see [`crate::cluster`]).
+    owned: Mutex<Option<HashSet<String>>>,
 }
 
 impl Fanout {
@@ -73,7 +77,134 @@ impl Fanout {
             cancel,
             drain,
             live: Mutex::new((0, HashMap::new())),
+            owned: Mutex::new(None),
         })
+    }
+
+    /// From now on, deliver only the channels taken with [`Fanout::take_channel`].
+    pub fn deliver_owned_only(&self) {
+        *self.owned.lock().unwrap_or_else(|e| e.into_inner()) = Some(HashSet::new());
+    }
+
+    fn owns(&self, channel: &str) -> bool {
+        match &*self.owned.lock().unwrap_or_else(|e| e.into_inner()) {
+            None => true,
+            Some(set) => set.contains(channel),
+        }
+    }
+
+    /// This instance now owns `channel` (its workers start with [`Fanout::take_channel`]).
+    pub fn own_channel(&self, channel: &str) {
+        if let Some(set) = &mut *self.owned.lock().unwrap_or_else(|e| e.into_inner()) {
+            set.insert(channel.to_string());
+        }
+    }
+
+    /// For an owned `channel`: runs a worker for each of its stored subscriptions, and
+    /// none for a subscription no longer stored (called again now and then to stay in sync).
+    pub async fn take_channel(self: &Arc<Self>, channel: &str) -> Result<usize, StoreError> {
+        let subs: Vec<Subscription> = self
+            .store
+            .subscriptions()
+            .await?
+            .into_iter()
+            .filter(|s| s.channel == channel)
+            .collect();
+        // Workers of subscriptions removed meanwhile stop.
+        {
+            let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+            live.1.retain(|id, h| {
+                let gone = h.sub.borrow().channel == channel && !subs.iter().any(|s| &s.id == id);
+                if gone {
+                    h.cancel.cancel();
+                }
+                !gone
+            });
+        }
+        let started = subs.len();
+        for sub in subs {
+            self.refresh(sub).await?;
+        }
+        Ok(started)
+    }
+
+    /// This instance no longer owns `channel`: stops the workers of its subscriptions.
+    pub fn drop_channel(&self, channel: &str) {
+        let mut owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(set) = &mut *owned {
+            set.remove(channel);
+        }
+        let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        live.1.retain(|_, h| {
+            let mine = h.sub.borrow().channel == channel;
+            if mine {
+                h.cancel.cancel();
+            }
+            !mine
+        });
+    }
+
+    /// Another instance changed subscription `id` of an owned channel: follows the store.
+    pub async fn subscription_changed(self: &Arc<Self>, id: &str) -> Result<(), StoreError> {
+        let sub = self
+            .store
+            .subscriptions()
+            .await?
+            .into_iter()
+            .find(|s| s.id == id);
+        match sub {
+            Some(sub) if self.owns(&sub.channel) => self.refresh(sub).await,
+            Some(_) => Ok(()),
+            None => {
+                let handle = {
+                    let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+                    live.1.remove(id)
+                };
+                if let Some(h) = handle {
+                    h.cancel.cancel();
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Hands a stored subscription to its running worker, or starts one from its stored
+    /// delivery state.
+    async fn refresh(self: &Arc<Self>, sub: Subscription) -> Result<(), StoreError> {
+        let existing = {
+            let live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+            live.1.get(&sub.id).map(|h| h.sub.clone())
+        };
+        match existing {
+            Some(tx) => {
+                tx.send_if_modified(|current| {
+                    let changed = **current != sub;
+                    if changed {
+                        *current = Arc::new(sub);
+                    }
+                    changed
+                });
+            }
+            None => {
+                let state = self.store.delivery(&sub.id).await?.unwrap_or_default();
+                self.spawn(sub, state);
+            }
+        }
+        Ok(())
+    }
+
+    /// Tells the other instances that subscription `id` changed (shared stores only).
+    async fn tell_others(&self, channel: &str, id: &str) {
+        if !self.store.shared() {
+            return;
+        }
+        let event = ClusterEvent::Subscription {
+            channel: channel.to_string(),
+            id: id.to_string(),
+        };
+        if let Err(e) = self.store.announce(&event).await {
+            tracing::warn!(subscription = id, error = %e, "cannot tell the other instances");
+        }
     }
 
     /// Starts a worker for every subscription in the store (at start-up).
@@ -103,6 +234,7 @@ impl Fanout {
     /// A new subscription starts after the channel's last published seq.
     pub async fn activate(self: &Arc<Self>, sub: Subscription) -> Result<(), StoreError> {
         self.store.put_subscription(&sub).await?;
+        let (channel, id) = (sub.channel.clone(), sub.id.clone());
         let existing = {
             let live = self.live.lock().unwrap_or_else(|e| e.into_inner());
             live.1.get(&sub.id).map(|h| h.sub.clone())
@@ -127,9 +259,11 @@ impl Fanout {
                         state
                     }
                 };
+                // Only where the channel is delivered (see `spawn`).
                 self.spawn(sub, state);
             }
         }
+        self.tell_others(&channel, &id).await;
         Ok(())
     }
 
@@ -176,7 +310,22 @@ impl Fanout {
             h.cancel.cancel();
         }
         self.external.set_retry(id, None);
-        Ok(self.store.delete_subscription(id).await? || handle.is_some())
+        let channel = match &handle {
+            Some(h) => Some(h.sub.borrow().channel.clone()),
+            None if self.store.shared() => self
+                .store
+                .subscriptions()
+                .await?
+                .into_iter()
+                .find(|s| s.id == id)
+                .map(|s| s.channel),
+            None => None,
+        };
+        let existed = self.store.delete_subscription(id).await? || handle.is_some();
+        if let Some(channel) = channel {
+            self.tell_others(&channel, id).await;
+        }
+        Ok(existed)
     }
 
     /// Called by a worker that ends its own subscription (410, lease expiry).
@@ -202,6 +351,15 @@ impl Fanout {
     }
 
     fn spawn(self: &Arc<Self>, sub: Subscription, state: DeliveryState) {
+        // Held until the worker is registered, so that `drop_channel` cannot slip in between
+        // (lock order: `owned`, then `live`).
+        let owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
+        if owned
+            .as_ref()
+            .is_some_and(|set| !set.contains(&sub.channel))
+        {
+            return;
+        }
         let cancel = self.cancel.child_token();
         // Content fetched before the subscription is not delivered to it.
         let content_version = self
@@ -225,6 +383,7 @@ impl Fanout {
             }
             generation
         };
+        drop(owned);
         let fanout = self.clone();
         self.tasks.spawn(async move {
             delivery::run_worker(fanout, rx, state, cancel, generation, content_version).await;

@@ -14,18 +14,20 @@
 //! - `watch_head` reports the last durable seq of a channel, never a seq that is not durable.
 
 pub mod embedded;
+pub mod redis;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use time::OffsetDateTime;
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 
 use crate::change::{Change, NewChange};
 use crate::config::Retention;
 use crate::fanout::signing::Algorithm;
 
 pub use embedded::EmbeddedStore;
+pub use redis::RedisStore;
 
 /// How long an idempotency key is remembered.
 pub const IDEMPOTENCY_TTL: Duration = Duration::from_secs(24 * 3600);
@@ -121,6 +123,22 @@ pub struct DeliveryState {
     pub last_error: Option<String>,
 }
 
+/// What hub instances sharing one store tell each other (see [`crate::cluster`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClusterEvent {
+    /// The owner of `channel` published notifications up to seq `last` (`first` is the first
+    /// seq of the notification, or 0 when only the position is known).
+    Published {
+        channel: String,
+        first: u64,
+        last: u64,
+    },
+    /// Subscription `id` of `channel` was created, changed or removed by some instance.
+    Subscription { channel: String, id: String },
+    /// The owner of `channel` gave its lease up: another instance may take over now.
+    Released { channel: String },
+}
+
 /// The store, one trait for every engine. Implementations are cheap to share (`Arc<dyn Store>`).
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
@@ -170,4 +188,39 @@ pub trait Store: Send + Sync + 'static {
 
     /// Succeeds when the store can serve requests (readiness).
     async fn ping(&self) -> Result<(), StoreError>;
+
+    // Several hub instances on one store. The defaults describe a store that only one
+    // instance uses (embedded): that instance owns every channel and nobody else listens.
+
+    /// True when several hub instances may share this store, so that channel ownership,
+    /// [`ClusterEvent`]s and leases matter.
+    fn shared(&self) -> bool {
+        false
+    }
+
+    /// Takes or renews the ownership lease of `channel` for `holder` for `ttl`; false when
+    /// another holder has it.
+    async fn try_lease(
+        &self,
+        _channel: &str,
+        _holder: &str,
+        _ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        Ok(true)
+    }
+
+    /// Gives the lease of `channel` up if `holder` has it.
+    async fn release_lease(&self, _channel: &str, _holder: &str) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// Tells every instance (this one included) about `event`; at most once.
+    async fn announce(&self, _event: &ClusterEvent) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// The events every instance announces (None on an unshared store).
+    fn events(&self) -> Option<broadcast::Receiver<ClusterEvent>> {
+        None
+    }
 }

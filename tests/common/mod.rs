@@ -509,7 +509,12 @@ pub enum WsRead {
 
 impl WsClient {
     pub async fn connect(hub: &TestHub, query: &str) -> WsClient {
-        let url = format!("ws://{}/ws{query}", hub.addr);
+        WsClient::connect_to(&hub.url, query).await
+    }
+
+    /// Connects to the hub whose base URL is `base` (`http://…`).
+    pub async fn connect_to(base: &str, query: &str) -> WsClient {
+        let url = format!("{}/ws{query}", base.replacen("http://", "ws://", 1));
         let (stream, _) = tokio_tungstenite::connect_async(url).await.unwrap();
         WsClient { stream }
     }

@@ -2,9 +2,12 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+#[path = "../common/redis_server.rs"]
+mod redis_server;
 
 mod bad_input;
 mod catchup;
+mod cluster;
 mod conformance;
 mod crash;
 mod end_to_end;

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The whole test suite, set-up included. Beside the Rust toolchain the tests need
+# redis-server (the Redis store's tests start private servers) and Chromium with its
+# WebDriver (the dashboard's browser test): installed here with apt-get when missing.
+# Then `cargo test`, with any arguments given to this script.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing what the tests need: ${missing[*]}"
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then
+      sudo="sudo"
+    else
+      echo "please install these Debian packages (as root): ${missing[*]}" >&2
+      exit 1
+    fi
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq "${missing[@]}"
+fi
+
+exec cargo test "$@"
