@@ -135,4 +135,26 @@ mod tests {
         assert!(check_target(&u("http://example.com/cb"), false).is_ok());
         assert!(check_target(&u("ftp://example.com/cb"), false).is_err());
     }
+
+    /// The resolver, not only the literal check: a name that resolves to loopback is refused
+    /// when connecting, and allowed with `allow_private`.
+    #[tokio::test]
+    async fn names_resolving_to_private_addresses_are_refused_when_connecting() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let app = axum::Router::new().route("/cb", axum::routing::get(|| async { "ok" }));
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let url = format!("http://localhost:{port}/cb");
+        let refused = client(false, Duration::from_secs(5)).get(&url).send().await;
+        let err = refused.expect_err("localhost must be refused");
+        let mut chain = err.to_string();
+        let mut source = std::error::Error::source(&err);
+        while let Some(inner) = source {
+            chain.push_str(&format!(": {inner}"));
+            source = inner.source();
+        }
+        assert!(chain.contains("no public address"), "{chain}");
+        let allowed = client(true, Duration::from_secs(5)).get(&url).send().await;
+        assert_eq!(allowed.unwrap().status(), 200);
+    }
 }
