@@ -58,8 +58,9 @@ pub struct ServeArgs {
     /// Folder of the embedded store (the default store).
     #[arg(long, env = "CHANGEHUB_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
-    /// Use the Redis store at this URL (`redis://host:6379/`) instead of the embedded store;
-    /// several instances on one Redis act as one hub.
+    /// Use the Redis store at this URL (`redis://host:6379/`), or on a Redis Cluster
+    /// (`redis+cluster://host:7000,host:7001,host:7002`: seed nodes), instead of the embedded
+    /// store; several instances on one Redis (or cluster) act as one hub.
     #[arg(long, env = "CHANGEHUB_REDIS")]
     pub redis: Option<String>,
     /// Declare a channel and its publisher token: `NAME=TOKEN` (repeatable).

@@ -488,3 +488,22 @@ contract_tests!(
         server: redis_server::RedisServer::start(true)
     }
 );
+
+/// The Redis store on a private Redis Cluster (three primaries): every script and transaction
+/// must keep to one slot, or the cluster refuses it.
+struct RedisCluster {
+    cluster: redis_server::RedisCluster,
+}
+
+impl Engine for RedisCluster {
+    fn open(&self) -> Arc<dyn Store> {
+        Arc::new(changehub::store::RedisStore::open(&self.cluster.url()).unwrap())
+    }
+}
+
+contract_tests!(
+    redis_cluster,
+    RedisCluster {
+        cluster: redis_server::RedisCluster::start()
+    }
+);
