@@ -1051,6 +1051,41 @@ mod tests {
     }
 
     #[test]
+    fn cluster_urls_name_seed_nodes() {
+        assert_eq!(
+            Target::parse("redis://127.0.0.1:6379/2").unwrap(),
+            Target::Single("redis://127.0.0.1:6379/2".into())
+        );
+        assert_eq!(
+            Target::parse("redis+unix:///tmp/r.sock").unwrap(),
+            Target::Single("redis+unix:///tmp/r.sock".into())
+        );
+        assert_eq!(
+            Target::parse("redis+cluster://10.0.0.1:7000,10.0.0.2:7001/").unwrap(),
+            Target::Cluster(vec![
+                "redis://10.0.0.1:7000/".into(),
+                "redis://10.0.0.2:7001/".into()
+            ])
+        );
+        assert_eq!(
+            Target::parse("redis+cluster://u:p%40ss@h1:7000,h2:7000").unwrap(),
+            Target::Cluster(vec![
+                "redis://u:p%40ss@h1:7000/".into(),
+                "redis://u:p%40ss@h2:7000/".into()
+            ])
+        );
+        for bad in [
+            "redis+cluster://",
+            "redis+cluster://,",
+            "redis+cluster://h1:7000/1",
+            "redis+cluster://h1:7000?protocol=3",
+            "redis+cluster://h1:notaport",
+        ] {
+            assert!(Target::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn datetime_keys_sort_like_datetimes() {
         let a = crate::change::parse_w3c_datetime("1969-12-31T23:59:59Z").unwrap();
         let b = crate::change::parse_w3c_datetime("2024-01-01T00:00:00.5Z").unwrap();

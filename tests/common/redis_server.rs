@@ -202,6 +202,13 @@ impl RedisCluster {
         self.ports.iter().position(|p| p == port).unwrap()
     }
 
+    /// SIGKILLs node `i` (its slots are not served any more; the rest of the cluster goes on
+    /// until the node timeout, 15 s, marks the cluster down).
+    pub fn kill_node(&mut self, i: usize) {
+        let _ = self.children[i].kill();
+        let _ = self.children[i].wait();
+    }
+
     /// Starts the nodes; false when one of them could not start (its port was taken).
     fn launch(&mut self) -> bool {
         let bin = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
