@@ -570,3 +570,32 @@ async fn redis_cluster_listener_moves_to_the_next_seed() {
         .expect("head seen by the other instance")
         .unwrap();
 }
+
+/// A whole cluster restart (SIGKILL of every node, without persistence): calls fail meanwhile
+/// (the hub answers 503), and once the cluster is back the same store works again — commands,
+/// scripts, and the listener that hears other instances — without being reopened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_store_reconnects_after_a_cluster_restart() {
+    let mut cluster = redis_server::RedisCluster::start();
+    let a = changehub::store::RedisStore::open(&cluster.url()).unwrap();
+    let b = changehub::store::RedisStore::open(&cluster.url()).unwrap();
+    let mut events = b.events().unwrap();
+    a.append("c", changes("x", 2), None, OffsetDateTime::now_utc())
+        .await
+        .unwrap();
+    hear(&a, &mut events, "before").await;
+    cluster.kill();
+    assert!(a.ping().await.is_err(), "no cluster, no answer");
+    cluster.restart();
+    let end = tokio::time::Instant::now() + Duration::from_secs(15);
+    while a
+        .append("c", changes("y", 3), None, OffsetDateTime::now_utc())
+        .await
+        .is_err()
+    {
+        assert!(tokio::time::Instant::now() < end, "store never came back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(a.head("c").await.unwrap().last >= 3);
+    hear(&a, &mut events, "after").await;
+}

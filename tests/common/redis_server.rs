@@ -120,6 +120,7 @@ impl Drop for RedisServer {
 pub struct RedisCluster {
     dir: tempfile::TempDir,
     ports: Vec<u16>,
+    bus_ports: Vec<u16>,
     children: Vec<Child>,
 }
 
@@ -131,6 +132,7 @@ impl RedisCluster {
         let mut cluster = RedisCluster {
             dir: tempfile::tempdir().unwrap(),
             ports: Vec::new(),
+            bus_ports: Vec::new(),
             children: Vec::new(),
         };
         // A port chosen free can be taken by another test before redis-server binds it: then
@@ -211,7 +213,6 @@ impl RedisCluster {
 
     /// Starts the nodes; false when one of them could not start (its port was taken).
     fn launch(&mut self) -> bool {
-        let bin = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
         // Client and bus ports, all distinct: held together while chosen.
         let listeners: Vec<std::net::TcpListener> = (0..2 * CLUSTER_NODES)
             .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
@@ -223,53 +224,78 @@ impl RedisCluster {
         drop(listeners);
         assert!(!ports.contains(&6379) && !ports.contains(&16379));
         self.ports = ports[..CLUSTER_NODES].to_vec();
+        self.bus_ports = ports[CLUSTER_NODES..].to_vec();
         for i in 0..CLUSTER_NODES {
             let dir = self.dir.path().join(format!("node-{i}"));
             let _ = std::fs::remove_dir_all(&dir);
             std::fs::create_dir_all(&dir).unwrap();
-            let child = Command::new(&bin)
-                .args([
-                    "--port",
-                    &ports[i].to_string(),
-                    "--cluster-port",
-                    &ports[CLUSTER_NODES + i].to_string(),
-                    "--bind",
-                    "127.0.0.1",
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--dir",
-                    dir.to_str().unwrap(),
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                    "--daemonize",
-                    "no",
-                    "--protected-mode",
-                    "no",
-                ])
-                .stdout(Stdio::null())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .expect("redis-server must be installed (see scripts/test.sh)");
+            let child = self.spawn_node(i);
             self.children.push(child);
         }
+        (0..CLUSTER_NODES).all(|i| self.wait_node(i))
+    }
+
+    /// Starts node `i` on its ports and folder (its `nodes.conf` there, if any, makes it
+    /// rejoin the cluster it was part of).
+    fn spawn_node(&self, i: usize) -> Child {
+        let bin = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
+        let dir = self.dir.path().join(format!("node-{i}"));
+        Command::new(&bin)
+            .args([
+                "--port",
+                &self.ports[i].to_string(),
+                "--cluster-port",
+                &self.bus_ports[i].to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--dir",
+                dir.to_str().unwrap(),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+                "--protected-mode",
+                "no",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("redis-server must be installed (see scripts/test.sh)")
+    }
+
+    /// Waits until node `i` answers PING; false if it exited.
+    fn wait_node(&mut self, i: usize) -> bool {
         let end = Instant::now() + Duration::from_secs(20);
-        for i in 0..CLUSTER_NODES {
-            loop {
-                if self.children[i].try_wait().unwrap().is_some() {
-                    return false;
-                }
-                if self.query(i, &["PING"]).is_some() {
-                    break;
-                }
-                assert!(Instant::now() < end, "redis-server did not start");
-                std::thread::sleep(Duration::from_millis(10));
+        loop {
+            if self.children[i].try_wait().unwrap().is_some() {
+                return false;
             }
+            if self.query(i, &["PING"]).is_some() {
+                return true;
+            }
+            assert!(Instant::now() < end, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(10));
         }
-        true
+    }
+
+    /// SIGKILLs every node, then starts them again on the same ports and folders: they form
+    /// the same cluster again (slots as before), with no data (no persistence).
+    pub fn restart(&mut self) {
+        self.kill();
+        for i in 0..CLUSTER_NODES {
+            let child = self.spawn_node(i);
+            self.children.push(child);
+        }
+        for i in 0..CLUSTER_NODES {
+            assert!(self.wait_node(i), "node {i} did not start again");
+        }
+        self.wait_ok();
     }
 
     /// Forms the cluster and waits until every node says it is ok.
@@ -289,6 +315,11 @@ impl RedisCluster {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
+        self.wait_ok();
+    }
+
+    /// Waits until every node says `cluster_state:ok`.
+    fn wait_ok(&self) {
         let end = Instant::now() + Duration::from_secs(30);
         for i in 0..CLUSTER_NODES {
             loop {
@@ -321,7 +352,8 @@ impl RedisCluster {
         })
     }
 
-    fn kill(&mut self) {
+    /// SIGKILLs every node.
+    pub fn kill(&mut self) {
         for mut child in self.children.drain(..) {
             let _ = child.kill();
             let _ = child.wait();
