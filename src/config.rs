@@ -356,7 +356,11 @@ impl ServeArgs {
         }
 
         let store = match self.redis.or(file.redis) {
-            Some(url) => StoreConfig::Redis { url },
+            Some(url) => {
+                crate::store::redis::Target::parse(&url)
+                    .map_err(|e| invalid(format!("--redis {e}")))?;
+                StoreConfig::Redis { url }
+            }
             None => StoreConfig::Embedded {
                 data_dir: self
                     .data_dir
@@ -595,5 +599,19 @@ mod tests {
             ..ServeArgs::default()
         };
         assert!(no_token.resolve().is_err());
+        let redis = |url: &str| ServeArgs {
+            redis: Some(url.into()),
+            ..ServeArgs::default()
+        };
+        assert!(redis("redis+cluster://127.0.0.1:7000/3").resolve().is_err());
+        assert_eq!(
+            redis("redis+cluster://127.0.0.1:7000,127.0.0.1:7001")
+                .resolve()
+                .unwrap()
+                .store,
+            StoreConfig::Redis {
+                url: "redis+cluster://127.0.0.1:7000,127.0.0.1:7001".into()
+            }
+        );
     }
 }
