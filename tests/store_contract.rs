@@ -573,7 +573,8 @@ async fn redis_cluster_listener_moves_to_the_next_seed() {
 
 /// A whole cluster restart (SIGKILL of every node, without persistence): calls fail meanwhile
 /// (the hub answers 503), and once the cluster is back the same store works again — commands,
-/// scripts, and the listener that hears other instances — without being reopened.
+/// scripts, and the listener that hears other instances — without being reopened; a store
+/// opened while the cluster was down connects too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_cluster_store_reconnects_after_a_cluster_restart() {
     let mut cluster = redis_server::RedisCluster::start();
@@ -586,6 +587,9 @@ async fn redis_cluster_store_reconnects_after_a_cluster_restart() {
     hear(&a, &mut events, "before").await;
     cluster.kill();
     assert!(a.ping().await.is_err(), "no cluster, no answer");
+    // A store opened while the cluster is down connects once it is up.
+    let late = changehub::store::RedisStore::open(&cluster.url()).unwrap();
+    assert!(late.ping().await.is_err());
     cluster.restart();
     let end = tokio::time::Instant::now() + Duration::from_secs(15);
     while a
@@ -598,4 +602,14 @@ async fn redis_cluster_store_reconnects_after_a_cluster_restart() {
     }
     assert!(a.head("c").await.unwrap().last >= 3);
     hear(&a, &mut events, "after").await;
+    let end = tokio::time::Instant::now() + Duration::from_secs(15);
+    while late.head("c").await.is_err() {
+        assert!(
+            tokio::time::Instant::now() < end,
+            "late store never connected"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(late.head("c").await.unwrap(), a.head("c").await.unwrap());
+    hear(&late, &mut events, "from-late").await;
 }
