@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The whole test suite, set-up included. Beside the Rust toolchain the tests need
-# redis-server (the Redis store's tests start private servers) and Chromium with its
-# WebDriver (the dashboard's browser test): installed here with apt-get when missing.
+# redis-server and redis-cli (the Redis store's tests start private servers and clusters)
+# and Chromium with its WebDriver (the dashboard's browser test): installed here with
+# apt-get when missing.
 # Then `cargo test`, with any arguments given to this script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 if [ ${#missing[@]} -gt 0 ]; then

@@ -58,8 +58,9 @@ pub struct ServeArgs {
     /// Folder of the embedded store (the default store).
     #[arg(long, env = "CHANGEHUB_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
-    /// Use the Redis store at this URL (`redis://host:6379/`) instead of the embedded store;
-    /// several instances on one Redis act as one hub.
+    /// Use the Redis store at this URL (`redis://host:6379/`), or on a Redis Cluster
+    /// (`redis+cluster://host:7000,host:7001,host:7002`: seed nodes), instead of the embedded
+    /// store; several instances on one Redis (or cluster) act as one hub.
     #[arg(long, env = "CHANGEHUB_REDIS")]
     pub redis: Option<String>,
     /// Declare a channel and its publisher token: `NAME=TOKEN` (repeatable).
@@ -355,7 +356,11 @@ impl ServeArgs {
         }
 
         let store = match self.redis.or(file.redis) {
-            Some(url) => StoreConfig::Redis { url },
+            Some(url) => {
+                crate::store::redis::Target::parse(&url)
+                    .map_err(|e| invalid(format!("--redis {e}")))?;
+                StoreConfig::Redis { url }
+            }
             None => StoreConfig::Embedded {
                 data_dir: self
                     .data_dir
@@ -594,5 +599,19 @@ mod tests {
             ..ServeArgs::default()
         };
         assert!(no_token.resolve().is_err());
+        let redis = |url: &str| ServeArgs {
+            redis: Some(url.into()),
+            ..ServeArgs::default()
+        };
+        assert!(redis("redis+cluster://127.0.0.1:7000/3").resolve().is_err());
+        assert_eq!(
+            redis("redis+cluster://127.0.0.1:7000,127.0.0.1:7001")
+                .resolve()
+                .unwrap()
+                .store,
+            StoreConfig::Redis {
+                url: "redis+cluster://127.0.0.1:7000,127.0.0.1:7001".into()
+            }
+        );
     }
 }

@@ -488,3 +488,128 @@ contract_tests!(
         server: redis_server::RedisServer::start(true)
     }
 );
+
+/// The Redis store on a private Redis Cluster (three primaries): every script and transaction
+/// must keep to one slot, or the cluster refuses it.
+struct RedisCluster {
+    cluster: redis_server::RedisCluster,
+}
+
+impl Engine for RedisCluster {
+    fn open(&self) -> Arc<dyn Store> {
+        Arc::new(changehub::store::RedisStore::open(&self.cluster.url()).unwrap())
+    }
+}
+
+contract_tests!(
+    redis_cluster,
+    RedisCluster {
+        cluster: redis_server::RedisCluster::start()
+    }
+);
+
+/// Announces subscription `id` from `from` until `events` hears it.
+async fn hear(
+    from: &dyn Store,
+    events: &mut tokio::sync::broadcast::Receiver<changehub::store::ClusterEvent>,
+    id: &str,
+) {
+    let event = changehub::store::ClusterEvent::Subscription {
+        channel: "c".into(),
+        id: id.into(),
+    };
+    let end = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let _ = from.announce(&event).await;
+        let heard = tokio::time::timeout(Duration::from_millis(200), async {
+            loop {
+                match events.recv().await {
+                    Ok(got) if got == event => return true,
+                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(_) => return false,
+                }
+            }
+        })
+        .await;
+        if heard == Ok(true) {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < end, "{id} never heard");
+    }
+}
+
+/// On a cluster, a store listens for events on one seed node: when that node dies, the
+/// listener reconnects to the next seed and goes on hearing the other instances, and heads
+/// keep following appends made elsewhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_listener_moves_to_the_next_seed() {
+    let mut cluster = redis_server::RedisCluster::start();
+    let a = changehub::store::RedisStore::open(&cluster.url()).unwrap();
+    let b = changehub::store::RedisStore::open(&cluster.url()).unwrap();
+    // A channel served by another node than the first seed, which dies below.
+    let channel = (0..)
+        .map(|n| format!("c{n}"))
+        .find(|c| cluster.node_of(&format!("changehub:{{{c}}}:log")) != 0)
+        .unwrap();
+    let mut events = b.events().unwrap();
+    hear(&a, &mut events, "before").await;
+    cluster.kill_node(0);
+    hear(&a, &mut events, "after").await;
+    let mut head = b.watch_head(&channel);
+    let end = tokio::time::Instant::now() + Duration::from_secs(5);
+    while a
+        .append(&channel, changes("x", 2), None, OffsetDateTime::now_utc())
+        .await
+        .is_err()
+    {
+        assert!(tokio::time::Instant::now() < end, "append on a live node");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::timeout(Duration::from_secs(5), head.wait_for(|&h| h >= 2))
+        .await
+        .expect("head seen by the other instance")
+        .unwrap();
+}
+
+/// A whole cluster restart (SIGKILL of every node, without persistence): calls fail meanwhile
+/// (the hub answers 503), and once the cluster is back the same store works again — commands,
+/// scripts, and the listener that hears other instances — without being reopened; a store
+/// opened while the cluster was down connects too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_store_reconnects_after_a_cluster_restart() {
+    let mut cluster = redis_server::RedisCluster::start();
+    let a = changehub::store::RedisStore::open(&cluster.url()).unwrap();
+    let b = changehub::store::RedisStore::open(&cluster.url()).unwrap();
+    let mut events = b.events().unwrap();
+    a.append("c", changes("x", 2), None, OffsetDateTime::now_utc())
+        .await
+        .unwrap();
+    hear(&a, &mut events, "before").await;
+    cluster.kill();
+    assert!(a.ping().await.is_err(), "no cluster, no answer");
+    // A store opened while the cluster is down connects once it is up.
+    let late = changehub::store::RedisStore::open(&cluster.url()).unwrap();
+    assert!(late.ping().await.is_err());
+    cluster.restart();
+    let end = tokio::time::Instant::now() + Duration::from_secs(15);
+    while a
+        .append("c", changes("y", 3), None, OffsetDateTime::now_utc())
+        .await
+        .is_err()
+    {
+        assert!(tokio::time::Instant::now() < end, "store never came back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(a.head("c").await.unwrap().last >= 3);
+    hear(&a, &mut events, "after").await;
+    let end = tokio::time::Instant::now() + Duration::from_secs(15);
+    while late.head("c").await.is_err() {
+        assert!(
+            tokio::time::Instant::now() < end,
+            "late store never connected"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(late.head("c").await.unwrap(), a.head("c").await.unwrap());
+    hear(&late, &mut events, "from-late").await;
+}

@@ -17,6 +17,20 @@
 //! | `changehub:{c}:owner` | string (PX) | the ownership lease: the holder's instance id |
 //! | `changehub:subscription-channels` | hash | subscription id → channel (the one key outside a channel's slot) |
 //!
+//! **The slot rule**: a script or a transaction (`MULTI`/`EXEC` pipeline) touches keys of one
+//! channel only, so that all its keys hash to one slot of a Redis Cluster.
+//! `changehub:subscription-channels` has no hash tag and is only ever read or written by
+//! single-key commands of its own, never inside a script or a transaction with channel keys
+//! (storing a subscription writes the index first, then the channel's keys; removing one does
+//! the reverse). Pub/sub needs no key: `PUBLISH` (also from inside a script) reaches the
+//! subscribers on every node of a cluster.
+//!
+//! The connection is either one server (`redis://…`, `redis+unix://…`: a [`ConnectionManager`])
+//! or a Redis Cluster (`redis+cluster://host:port,host:port,…`: a [`ClusterConnection`] that
+//! routes each command, script and transaction to the primary of its slot and follows
+//! `MOVED`/`ASK` and topology changes); both behind [`Conn`], so every command and script
+//! runs unchanged on either.
+//!
 //! Appends run as one Lua script (idempotency check, next seqs, datetime clamp, `XADD` with
 //! explicit ids, meta update, `PUBLISH`), so concurrent ingest on any number of instances
 //! yields gapless seqs. Retention moves `oldest` forward and `XTRIM MINID`s the stream.
@@ -34,8 +48,10 @@
 
 use async_trait::async_trait;
 use futures_util::StreamExt;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{AsyncCommands, RedisResult, Script};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::{ClusterClient, ClusterConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{AsyncCommands, Cmd, Pipeline, RedisFuture, RedisResult, Script, Value};
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -201,6 +217,92 @@ fn decode<T: for<'de> serde::Deserialize<'de>>(bytes: &[u8]) -> Result<T, StoreE
     serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt(e.to_string()))
 }
 
+/// The URL scheme of a Redis Cluster: `redis+cluster://[user:password@]host:port[,host:port…][/]`
+/// names seed nodes (any few of the cluster's nodes; the rest is discovered).
+pub const CLUSTER_SCHEME: &str = "redis+cluster://";
+
+/// Where the store's data lives, as given by `--redis`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// One server: any URL the redis crate opens (`redis://host:port/db`, `redis+unix://…`).
+    Single(String),
+    /// A Redis Cluster: its seed nodes, as `redis://` URLs (credentials repeated on each).
+    Cluster(Vec<String>),
+}
+
+impl Target {
+    /// Reads a `--redis` URL: [`CLUSTER_SCHEME`] for a cluster, anything else for one server.
+    pub fn parse(url: &str) -> Result<Target, String> {
+        let Some(rest) = url.strip_prefix(CLUSTER_SCHEME) else {
+            return Ok(Target::Single(url.to_string()));
+        };
+        let rest = rest.strip_suffix('/').unwrap_or(rest);
+        let (auth, hosts) = match rest.rsplit_once('@') {
+            Some((auth, hosts)) => (format!("{auth}@"), hosts),
+            None => (String::new(), rest),
+        };
+        let usage = || {
+            format!(
+                "{url:?}: a cluster URL names seed nodes only, \
+                 {CLUSTER_SCHEME}[user:password@]host:port[,host:port…] (no database, no query)"
+            )
+        };
+        if hosts.contains(['/', '?', '#', '@']) {
+            return Err(usage());
+        }
+        let seeds: Vec<String> = hosts
+            .split(',')
+            .map(str::trim)
+            .filter(|h| !h.is_empty())
+            .map(|h| format!("redis://{auth}{h}/"))
+            .collect();
+        if seeds.is_empty() {
+            return Err(usage());
+        }
+        for seed in &seeds {
+            redis::Client::open(seed.as_str()).map_err(|e| format!("{}: {e}", usage()))?;
+        }
+        Ok(Target::Cluster(seeds))
+    }
+}
+
+/// The store's command connection: one server or a cluster. Both reconnect by themselves;
+/// both run the same commands, pipelines and scripts (on a cluster each goes to the primary
+/// of its keys' slot — hence the slot rule in the module documentation).
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
 type Heads = Arc<Mutex<HashMap<String, watch::Sender<u64>>>>;
 
 /// Raises a head watch to `last` (heads never go back).
@@ -224,7 +326,7 @@ fn raise(heads: &Heads, channel: &str, last: u64) {
 }
 
 pub struct RedisStore {
-    conn: ConnectionManager,
+    conn: Conn,
     heads: Heads,
     events: broadcast::Sender<ClusterEvent>,
     /// Subscription id → channel, learnt as subscriptions are stored or read (never changes).
@@ -245,23 +347,52 @@ impl Drop for RedisStore {
 }
 
 impl RedisStore {
-    /// Connects to Redis at `url` (`redis://host:port/db`). Does not wait for Redis to be up:
-    /// until it is, every call fails with [`StoreError::Unavailable`] and the connection is
-    /// retried on the next call. Must be called within a Tokio runtime.
+    /// Connects to Redis at `url`: one server (`redis://host:port/db`, `redis+unix://…`) or a
+    /// Redis Cluster (`redis+cluster://host:port,host:port,…`, see [`Target`]). Does not wait
+    /// for Redis to be up: until it is, every call fails with [`StoreError::Unavailable`] and
+    /// the connection is retried on the next call. Must be called within a Tokio runtime.
     pub fn open(url: &str) -> Result<RedisStore, StoreError> {
-        let client = redis::Client::open(url).map_err(unavailable)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(2)))
-            .set_response_timeout(Some(OP_TIMEOUT))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_millis(500));
-        let conn =
-            ConnectionManager::new_lazy_with_config(client.clone(), config).map_err(unavailable)?;
+        let target = Target::parse(url).map_err(StoreError::Unavailable)?;
+        // Pub/sub goes over a connection of its own, to one server — on a cluster to one of
+        // the seed nodes, the next one at each reconnection: classic pub/sub reaches every
+        // node's subscribers whichever node a message was published on.
+        let (conn, subscribers) = match &target {
+            Target::Single(url) => {
+                let client = redis::Client::open(url.as_str()).map_err(unavailable)?;
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(Duration::from_secs(2)))
+                    .set_response_timeout(Some(OP_TIMEOUT))
+                    .set_number_of_retries(1)
+                    .set_max_delay(Duration::from_millis(500));
+                let conn = ConnectionManager::new_lazy_with_config(client.clone(), config)
+                    .map_err(unavailable)?;
+                (Conn::Single(conn), vec![client])
+            }
+            Target::Cluster(seeds) => {
+                let client = ClusterClient::builder(seeds.iter().map(String::as_str))
+                    .connection_timeout(Duration::from_secs(2))
+                    .response_timeout(OP_TIMEOUT)
+                    .retries(3)
+                    .max_retry_wait(500)
+                    .build()
+                    .map_err(unavailable)?;
+                let config = ClusterConfig::new()
+                    .set_connection_timeout(Duration::from_secs(2))
+                    .set_response_timeout(OP_TIMEOUT);
+                let conn = client.get_pending_async_connection_with_config(config);
+                let subscribers = seeds
+                    .iter()
+                    .map(|s| redis::Client::open(s.as_str()))
+                    .collect::<RedisResult<Vec<_>>>()
+                    .map_err(unavailable)?;
+                (Conn::Cluster(conn), subscribers)
+            }
+        };
         let heads: Heads = Arc::default();
         let (events, _) = broadcast::channel(4096);
         let stop = CancellationToken::new();
         tokio::spawn(listen(
-            client,
+            subscribers,
             conn.clone(),
             heads.clone(),
             events.clone(),
@@ -281,7 +412,7 @@ impl RedisStore {
         })
     }
 
-    fn conn(&self) -> ConnectionManager {
+    fn conn(&self) -> Conn {
         self.conn.clone()
     }
 
@@ -408,17 +539,21 @@ fn entry_to_change(id: &str, fields: &[Vec<u8>]) -> Result<Change, StoreError> {
     Ok(Change::from_new(seq, new, datetime))
 }
 
-/// Follows `changehub:events` on a dedicated pub/sub connection, reconnecting with backoff;
-/// after every (re)connection and every [`REFRESH`] re-reads what a lost message could hide.
+/// Follows `changehub:events` on a dedicated pub/sub connection, reconnecting with backoff
+/// (to the next of `servers` each time: one server, or a cluster's seed nodes); after every
+/// (re)connection and every [`REFRESH`] re-reads what a lost message could hide.
 async fn listen(
-    client: redis::Client,
-    conn: ConnectionManager,
+    servers: Vec<redis::Client>,
+    conn: Conn,
     heads: Heads,
     events: broadcast::Sender<ClusterEvent>,
     stop: CancellationToken,
 ) {
     let mut backoff = Duration::from_millis(100);
+    let mut next = 0;
     loop {
+        let client = &servers[next % servers.len()];
+        next += 1;
         let connected = tokio::select! {
             _ = stop.cancelled() => return,
             c = tokio::time::timeout(Duration::from_secs(3), client.get_async_pubsub()) => c,
@@ -520,11 +655,7 @@ fn handle_message(payload: &[u8], heads: &Heads, events: &broadcast::Sender<Clus
 }
 
 /// Re-reads `last` and `published` of every channel this process follows.
-async fn refresh(
-    conn: &ConnectionManager,
-    heads: &Heads,
-    events: &broadcast::Sender<ClusterEvent>,
-) {
+async fn refresh(conn: &Conn, heads: &Heads, events: &broadcast::Sender<ClusterEvent>) {
     let channels: Vec<String> = {
         let heads = heads.lock().unwrap_or_else(|e| e.into_inner());
         heads.keys().cloned().collect()
@@ -916,6 +1047,41 @@ mod tests {
         for c in [full, bare] {
             let bytes = serde_json::to_vec(&Stored::from(&c)).unwrap();
             assert_eq!(decode::<NewChange>(&bytes).unwrap(), c);
+        }
+    }
+
+    #[test]
+    fn cluster_urls_name_seed_nodes() {
+        assert_eq!(
+            Target::parse("redis://127.0.0.1:6379/2").unwrap(),
+            Target::Single("redis://127.0.0.1:6379/2".into())
+        );
+        assert_eq!(
+            Target::parse("redis+unix:///tmp/r.sock").unwrap(),
+            Target::Single("redis+unix:///tmp/r.sock".into())
+        );
+        assert_eq!(
+            Target::parse("redis+cluster://10.0.0.1:7000,10.0.0.2:7001/").unwrap(),
+            Target::Cluster(vec![
+                "redis://10.0.0.1:7000/".into(),
+                "redis://10.0.0.2:7001/".into()
+            ])
+        );
+        assert_eq!(
+            Target::parse("redis+cluster://u:p%40ss@h1:7000,h2:7000").unwrap(),
+            Target::Cluster(vec![
+                "redis://u:p%40ss@h1:7000/".into(),
+                "redis://u:p%40ss@h2:7000/".into()
+            ])
+        );
+        for bad in [
+            "redis+cluster://",
+            "redis+cluster://,",
+            "redis+cluster://h1:7000/1",
+            "redis+cluster://h1:7000?protocol=3",
+            "redis+cluster://h1:notaport",
+        ] {
+            assert!(Target::parse(bad).is_err(), "{bad}");
         }
     }
 

@@ -3,7 +3,7 @@
 //! processes on loopback, with a private `redis-server` per test.
 
 use crate::common::*;
-use crate::redis_server::RedisServer;
+use crate::redis_server::{RedisCluster, RedisServer};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -118,7 +118,11 @@ async fn wait_owner(redis: &str, instances: &[&Instance]) -> usize {
 }
 
 async fn subscribe(hub: &str, callback: &str) {
-    let topic = format!("{hub}/channels/{CHANNEL}/changelist.xml");
+    subscribe_to(hub, CHANNEL, callback).await
+}
+
+async fn subscribe_to(hub: &str, channel: &str, callback: &str) {
+    let topic = format!("{hub}/channels/{channel}/changelist.xml");
     let resp = reqwest::Client::new()
         .post(format!("{hub}/hub"))
         .header("content-type", "application/x-www-form-urlencoded")
@@ -151,11 +155,22 @@ async fn admin_json(hub: &str, path: &str) -> serde_json::Value {
 
 /// Pushes `n` changes to `hub`; the answer's (first, last) on 202, None otherwise.
 async fn push(client: &reqwest::Client, hub: &str, tag: &str, n: usize) -> Option<(u64, u64)> {
+    push_to(client, hub, CHANNEL, tag, n).await
+}
+
+/// Pushes `n` changes to `channel` on `hub`; as [`push`].
+async fn push_to(
+    client: &reqwest::Client,
+    hub: &str,
+    channel: &str,
+    tag: &str,
+    n: usize,
+) -> Option<(u64, u64)> {
     let changes: Vec<_> = (0..n)
         .map(|j| serde_json::json!({"loc": format!("http://example.com/{tag}/{j}"), "change": "updated"}))
         .collect();
     let resp = client
-        .post(format!("{hub}/channels/{CHANNEL}/changes"))
+        .post(format!("{hub}/channels/{channel}/changes"))
         .bearer_auth(TOKEN)
         .json(&changes)
         .send()
@@ -958,4 +973,127 @@ async fn a_websocket_on_one_instance_sees_changes_ingested_through_the_other() {
     let (first, l) = push(&client, &b.url, "late", 5).await.unwrap();
     let (seqs, _) = on_a.collect_until(l).await;
     assert_eq!(seqs, (first..=l).collect::<Vec<_>>());
+}
+
+/// Issue 3 on a Redis Cluster: two instances on a three-primary cluster, one channel whose keys
+/// live on each node, pushes alternating between the instances: every channel's acknowledged
+/// seqs are gapless, and its subscriber (subscribed through alternating instances) gets every
+/// change once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_on_a_redis_cluster_act_as_one_hub() {
+    let cluster = RedisCluster::start();
+    // `news` and two more channels, so that each node holds one channel's keys.
+    let mut channels = vec![CHANNEL.to_string()];
+    let mut nodes = vec![cluster.node_of(&format!("changehub:{{{CHANNEL}}}:log"))];
+    for n in 0.. {
+        let name = format!("c{n}");
+        let node = cluster.node_of(&format!("changehub:{{{name}}}:log"));
+        if !nodes.contains(&node) {
+            channels.push(name);
+            nodes.push(node);
+        }
+        if nodes.len() == cluster.ports().len() {
+            break;
+        }
+    }
+    let extra: Vec<String> = channels[1..]
+        .iter()
+        .flat_map(|c| ["--channel".to_string(), format!("{c}={TOKEN}")])
+        .collect();
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let a = Instance::start_with(&cluster.url(), &extra).await;
+    let b = Instance::start_with(&cluster.url(), &extra).await;
+    let urls = [a.url.clone(), b.url.clone()];
+
+    let mut receivers = Vec::new();
+    for (i, channel) in channels.iter().enumerate() {
+        let receiver = Receiver::start(Behaviour::default()).await;
+        subscribe_to(&urls[i % 2], channel, &receiver.url).await;
+        receiver.wait_verified(1).await;
+        receivers.push(receiver);
+    }
+    wait_until(
+        "subscriptions visible on both instances",
+        Duration::from_secs(10),
+        || async {
+            let mut ok = true;
+            for url in &urls {
+                ok &= admin_json(url, "/api/subscriptions")
+                    .await
+                    .as_array()
+                    .is_some_and(|s| s.len() == channels.len());
+            }
+            ok
+        },
+    )
+    .await;
+
+    // Per channel, 2 sources of 30 requests of 5 changes, alternating between the instances.
+    const REQUESTS: usize = 30;
+    const PER_REQUEST: usize = 5;
+    let total = (2 * REQUESTS * PER_REQUEST) as u64;
+    let mut sources = Vec::new();
+    for channel in &channels {
+        for s in 0..2 {
+            let (urls, channel) = (urls.clone(), channel.clone());
+            sources.push(tokio::spawn(async move {
+                let client = reqwest::Client::new();
+                let mut acked = Vec::new();
+                for i in 0..REQUESTS {
+                    let got = push_to(
+                        &client,
+                        &urls[(i + s) % 2],
+                        &channel,
+                        &format!("{s}/{i}"),
+                        PER_REQUEST,
+                    )
+                    .await;
+                    acked.push(got.expect("202 from a healthy instance"));
+                }
+                (channel, acked)
+            }));
+        }
+    }
+    let mut acked: std::collections::HashMap<String, Vec<(u64, u64)>> = Default::default();
+    for s in sources {
+        let (channel, got) = s.await.unwrap();
+        acked.entry(channel).or_default().extend(got);
+    }
+    for channel in &channels {
+        let ranges = acked.get_mut(channel).unwrap();
+        ranges.sort();
+        let mut next = 1;
+        for (first, last) in ranges.iter() {
+            assert_eq!(
+                *first, next,
+                "{channel}: acknowledged ranges gapless and disjoint"
+            );
+            assert_eq!(last - first + 1, PER_REQUEST as u64);
+            next = last + 1;
+        }
+        assert_eq!(next - 1, total, "{channel}");
+    }
+
+    for (channel, receiver) in channels.iter().zip(&receivers) {
+        receiver.wait_seq(total, Duration::from_secs(30)).await;
+        assert_no_gaps(receiver);
+        assert_eq!(
+            receiver.delivered_seqs(),
+            (1..=total).collect::<Vec<u64>>(),
+            "{channel}: every change exactly once, in order"
+        );
+    }
+    // The channels' keys really are spread over the nodes.
+    for (channel, node) in channels.iter().zip(&nodes) {
+        let mut conn = cluster.node(*node);
+        let exists: bool = redis::cmd("EXISTS")
+            .arg(format!("changehub:{{{channel}}}:log"))
+            .query(&mut conn)
+            .unwrap();
+        assert!(exists, "{channel}'s log on node {node}");
+    }
+    let mut used: Vec<usize> = nodes.clone();
+    used.sort();
+    used.dedup();
+    assert_eq!(used.len(), 3, "one channel per node");
 }

@@ -100,13 +100,15 @@ async fn lease_expiry_stops_deliveries() {
     let hub = TestHub::start(|c| c.lease_min = Duration::from_secs(1)).await;
     let short = Receiver::start(Behaviour::default()).await;
     let control = Receiver::start(Behaviour::default()).await;
-    hub.subscribe(&short.url, &[("hub.lease_seconds", "1")])
+    hub.subscribe(&short.url, &[("hub.lease_seconds", "3")])
         .await;
     hub.subscribe(&control.url, &[]).await;
     short.wait_verified(1).await;
-    assert_eq!(short.verifications()[0]["hub.lease_seconds"], "1");
+    assert_eq!(short.verifications()[0]["hub.lease_seconds"], "3");
+    // Active first (the verification GET comes before activation) ...
+    hub.wait_subscribed(&short.url).await;
     hub.wait_subscribed(&control.url).await;
-    // The expired subscription is removed by the hub itself.
+    // ... then the expired subscription is removed by the hub itself.
     wait_until("lease expired", WAIT, || async {
         hub.subscriptions()
             .await
