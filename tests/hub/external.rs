@@ -317,6 +317,11 @@ async fn admin_lists_topics_and_redelivers_from_a_seq() {
     let seqs: Vec<_> = caught_up.iter().map(|e| e.seq.unwrap()).collect();
     assert_eq!(seqs, vec![2, 3, 4]);
 
+    // The receiver has the changes; the hub records the cursor right after the 2xx.
+    wait_until("delivery state saved", WAIT, || async {
+        hub.subscriptions().await[0]["cursor"] == 4
+    })
+    .await;
     let subs = hub.subscriptions().await;
     let sub = &subs[0];
     assert_eq!(
