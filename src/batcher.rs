@@ -152,16 +152,8 @@ impl Batcher {
     /// Everything already durable counts as published (it is served from the log), so the
     /// feed's starting point is set before this returns.
     pub fn new(feed: Arc<ChannelFeed>, store: Arc<dyn Store>, config: Arc<Config>) -> Batcher {
-        let mut head_rx = store.watch_head(&feed.name);
-        let published = *head_rx.borrow_and_update();
-        feed.start_at(published);
-        Batcher {
-            feed,
-            store,
-            config,
-            head_rx,
-            published,
-        }
+        feed.start_at(*store.watch_head(&feed.name).borrow());
+        Batcher::continuing(feed, store, config)
     }
 
     /// A batcher that goes on from what `feed` has already published (an instance taking a
