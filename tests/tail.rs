@@ -432,16 +432,7 @@ async fn ws_frames_match_the_schemas() {
     })
     .await;
     hub.push("a", 30).await;
-    wait_until("trimmed", WAIT, || async {
-        hub.client
-            .get(format!("{}/channels/{CHANNEL}/changes?after=0", hub.url))
-            .send()
-            .await
-            .unwrap()
-            .status()
-            == 410
-    })
-    .await;
+    hub.wait_trimmed_past(0).await;
     // A change with every optional field.
     let (status, json) = hub
         .push_json(serde_json::json!({

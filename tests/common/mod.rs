@@ -148,19 +148,7 @@ impl TestHub {
 
     /// Form-encoded POST to /hub.
     pub async fn hub_request(&self, params: &[(&str, &str)]) -> (StatusCode, String) {
-        let body: String = form_urlencoded::Serializer::new(String::new())
-            .extend_pairs(params)
-            .finish();
-        let resp = self
-            .client
-            .post(format!("{}/hub", self.url))
-            .header("content-type", "application/x-www-form-urlencoded")
-            .body(body)
-            .send()
-            .await
-            .unwrap();
-        let status = resp.status();
-        (status, resp.text().await.unwrap())
+        hub_request_at(&self.client, &self.url, params).await
     }
 
     /// Subscribes `callback` to the `news` topic with extra parameters; asserts 202.
@@ -230,6 +218,17 @@ impl TestHub {
         .await;
     }
 
+    /// Waits until retention has trimmed past `after`: `changes?after=after` answers 410.
+    pub async fn wait_trimmed_past(&self, after: u64) {
+        let url = format!("{}/channels/{CHANNEL}/changes?after={after}", self.url);
+        wait_until(
+            "retention trims the log",
+            Duration::from_secs(10),
+            || async { self.client.get(&url).send().await.unwrap().status() == StatusCode::GONE },
+        )
+        .await;
+    }
+
     /// Every seq in `changes?after=after`, following `rel=next` pages.
     pub async fn catch_up(&self, after: u64) -> Vec<u64> {
         catch_up(&self.client, &self.url, after).await
@@ -241,6 +240,153 @@ impl Drop for TestHub {
         if let Some(task) = self.task.take() {
             task.abort();
         }
+    }
+}
+
+/// A free port on 127.0.0.1 (for processes that must be told their address).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Serves `app` on `listener` in the background until the returned sender is used or dropped.
+pub fn serve_until_stopped(listener: tokio::net::TcpListener, app: Router) -> oneshot::Sender<()> {
+    let (stop, stopped) = oneshot::channel::<()>();
+    tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = stopped.await;
+            })
+            .await
+            .unwrap();
+    });
+    stop
+}
+
+/// Form-encoded POST to `{base}/hub`: (status, body).
+pub async fn hub_request_at(
+    client: &reqwest::Client,
+    base: &str,
+    params: &[(&str, &str)],
+) -> (StatusCode, String) {
+    let body: String = form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(params)
+        .finish();
+    let resp = client
+        .post(format!("{base}/hub"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status();
+    (status, resp.text().await.unwrap())
+}
+
+/// Subscribes `callback` to `channel` of the hub at `base`; asserts 202.
+pub async fn subscribe_at(base: &str, channel: &str, callback: &str) {
+    let topic = format!("{base}/channels/{channel}/changelist.xml");
+    let params = [
+        ("hub.mode", "subscribe"),
+        ("hub.topic", topic.as_str()),
+        ("hub.callback", callback),
+    ];
+    let (status, text) = hub_request_at(&reqwest::Client::new(), base, &params).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{text}");
+}
+
+/// GET `{base}{path}` with the admin token, as JSON.
+pub async fn admin_json(base: &str, path: &str) -> serde_json::Value {
+    reqwest::Client::new()
+        .get(format!("{base}{path}"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// Waits until the hub at `base` lists exactly `n` subscriptions (admin API).
+pub async fn wait_subscriptions(base: &str, n: usize) {
+    wait_until(
+        &format!("{n} subscriptions at {base}"),
+        Duration::from_secs(10),
+        || async {
+            admin_json(base, "/api/subscriptions")
+                .await
+                .as_array()
+                .is_some_and(|s| s.len() == n)
+        },
+    )
+    .await;
+}
+
+/// `changehub serve` as a process of its own on a free port: the harness's channel, admin
+/// token, private callbacks, quick batching and retries; `args` adds the store flags
+/// (`--data-dir …` or `--redis …`) and anything else. Ready as docker-compose sees it:
+/// `changehub healthcheck URL` exits 0. Killed when dropped.
+pub struct HubProcess {
+    pub child: std::process::Child,
+    pub url: String,
+}
+
+impl HubProcess {
+    pub async fn start(args: &[&str]) -> HubProcess {
+        use std::process::{Command, Stdio};
+        let port = free_port();
+        let child = Command::new(env!("CARGO_BIN_EXE_changehub"))
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .args([
+                "--channel",
+                &format!("{CHANNEL}={TOKEN}"),
+                "--admin-token",
+                ADMIN,
+            ])
+            .args(["--allow-private-callbacks", "--linger", "20ms"])
+            .args(["--retry-initial", "100ms", "--retry-max", "1s"])
+            .args(args)
+            .env("RUST_LOG", "changehub=warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start changehub");
+        let url = format!("http://127.0.0.1:{port}");
+        wait_until("hub process ready", Duration::from_secs(20), || async {
+            let url = url.clone();
+            tokio::task::spawn_blocking(move || {
+                Command::new(env!("CARGO_BIN_EXE_changehub"))
+                    .args(["healthcheck", &url])
+                    .stderr(Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success())
+            })
+            .await
+            .unwrap()
+        })
+        .await;
+        HubProcess { child, url }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGKILL (what `Child::kill` sends on Unix), then reap.
+    pub fn kill9(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for HubProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -356,15 +502,7 @@ impl Receiver {
             .with_state(state.clone());
         let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let (stop, stopped) = oneshot::channel::<()>();
-        tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async {
-                    let _ = stopped.await;
-                })
-                .await
-                .unwrap();
-        });
+        let stop = serve_until_stopped(listener, app);
         Receiver {
             url: format!("http://{addr}{path}"),
             state,

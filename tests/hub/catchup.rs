@@ -129,12 +129,7 @@ async fn cursor_older_than_retention_is_gone() {
     .await;
     hub.push("a", 25).await;
     let url = format!("{}/channels/{CHANNEL}/changes?after=3", hub.url);
-    wait_until(
-        "retention trims the log",
-        Duration::from_secs(10),
-        || async { hub.client.get(&url).send().await.unwrap().status() == 410 },
-    )
-    .await;
+    hub.wait_trimmed_past(3).await;
     let resp = hub.client.get(&url).send().await.unwrap();
     assert_eq!(resp.headers()["x-changehub-oldest"], "16");
     let json: serde_json::Value = resp.json().await.unwrap();

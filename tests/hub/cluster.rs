@@ -4,91 +4,26 @@
 
 use crate::common::*;
 use crate::redis_server::{RedisCluster, RedisServer};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use changehub::cluster::LEASE_TTL;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// One `changehub serve --redis` process (with more flags in `extra`).
+async fn instance(redis: &str, extra: &[&str]) -> HubProcess {
+    HubProcess::start(&[&["--redis", redis], extra].concat()).await
 }
 
-/// One `changehub serve --redis` process.
-struct Instance {
-    child: Child,
-    url: String,
-}
-
-impl Instance {
-    async fn start(redis: &str) -> Instance {
-        Instance::start_with(redis, &[]).await
-    }
-
-    async fn start_with(redis: &str, extra: &[&str]) -> Instance {
-        let port = free_port();
-        let child = Command::new(env!("CARGO_BIN_EXE_changehub"))
-            .args([
-                "serve",
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--redis",
-                redis,
-                "--channel",
-                &format!("{CHANNEL}={TOKEN}"),
-                "--admin-token",
-                ADMIN,
-                "--allow-private-callbacks",
-                "--linger",
-                "20ms",
-                "--retry-initial",
-                "100ms",
-                "--retry-max",
-                "1s",
-            ])
-            .args(extra)
-            .env("RUST_LOG", "changehub=warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start changehub");
-        let url = format!("http://127.0.0.1:{port}");
-        // Ready as docker-compose sees it: `changehub healthcheck URL` exits 0.
-        wait_until("instance ready", Duration::from_secs(20), || async {
-            let url = url.clone();
-            tokio::task::spawn_blocking(move || {
-                Command::new(env!("CARGO_BIN_EXE_changehub"))
-                    .args(["healthcheck", &url])
-                    .stderr(Stdio::null())
-                    .status()
-                    .is_ok_and(|s| s.success())
-            })
-            .await
-            .unwrap()
-        })
-        .await;
-        Instance { child, url }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn kill9(&mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
-}
-
-impl Drop for Instance {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+/// Two instances on `redis`, once one of them owns the channel: (owner, other).
+async fn owner_and_other(redis: &str) -> (HubProcess, HubProcess) {
+    let a = instance(redis, &[]).await;
+    let b = instance(redis, &[]).await;
+    if wait_owner(redis, &[&a, &b]).await == 0 {
+        (a, b)
+    } else {
+        (b, a)
     }
 }
 
@@ -104,7 +39,7 @@ async fn owner_pid(redis: &str) -> Option<u32> {
     holder?.split('-').next()?.parse().ok()
 }
 
-async fn wait_owner(redis: &str, instances: &[&Instance]) -> usize {
+async fn wait_owner(redis: &str, instances: &[&HubProcess]) -> usize {
     let end = Instant::now() + Duration::from_secs(20);
     loop {
         if let Some(pid) = owner_pid(redis).await {
@@ -115,42 +50,6 @@ async fn wait_owner(redis: &str, instances: &[&Instance]) -> usize {
         assert!(Instant::now() < end, "no channel owner");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-async fn subscribe(hub: &str, callback: &str) {
-    subscribe_to(hub, CHANNEL, callback).await
-}
-
-async fn subscribe_to(hub: &str, channel: &str, callback: &str) {
-    let topic = format!("{hub}/channels/{channel}/changelist.xml");
-    let resp = reqwest::Client::new()
-        .post(format!("{hub}/hub"))
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(
-            form_urlencoded::Serializer::new(String::new())
-                .extend_pairs([
-                    ("hub.mode", "subscribe"),
-                    ("hub.topic", topic.as_str()),
-                    ("hub.callback", callback),
-                ])
-                .finish(),
-        )
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 202);
-}
-
-async fn admin_json(hub: &str, path: &str) -> serde_json::Value {
-    reqwest::Client::new()
-        .get(format!("{hub}{path}"))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
 }
 
 /// Pushes `n` changes to `hub`; the answer's (first, last) on 202, None otherwise.
@@ -242,13 +141,10 @@ fn assert_no_gaps(receiver: &Receiver) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_share_one_log_and_deliver_once_in_order() {
     let redis = RedisServer::start(true);
-    let a = Instance::start(&redis.url()).await;
-    let b = Instance::start(&redis.url()).await;
-    let owner = wait_owner(&redis.url(), &[&a, &b]).await;
-    let (owner, other) = if owner == 0 { (&a, &b) } else { (&b, &a) };
+    let (owner, other) = owner_and_other(&redis.url()).await;
 
     let receiver = Receiver::start(Behaviour::default()).await;
-    subscribe(&other.url, &receiver.url).await;
+    subscribe_at(&other.url, CHANNEL, &receiver.url).await;
     receiver.wait_verified(1).await;
     wait_until(
         "subscription visible on both instances",
@@ -267,7 +163,7 @@ async fn two_instances_share_one_log_and_deliver_once_in_order() {
     .await;
 
     // 4 sources, 250 requests of 10 changes each in all, alternating between the instances.
-    let urls = [a.url.clone(), b.url.clone()];
+    let urls = [owner.url.clone(), other.url.clone()];
     let mut sources = Vec::new();
     for s in 0..4 {
         let urls = urls.clone();
@@ -307,7 +203,7 @@ async fn two_instances_share_one_log_and_deliver_once_in_order() {
         receiver.delivered().len(),
         "no failed attempts"
     );
-    for hub in [&a, &b] {
+    for hub in [&owner, &other] {
         assert_eq!(all_seqs(&hub.url).await, (1..=10_000).collect::<Vec<u64>>());
     }
     // The non-owner's feed follows the owner's notifications.
@@ -325,21 +221,12 @@ async fn two_instances_share_one_log_and_deliver_once_in_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_owner_hands_the_channel_over() {
     let redis = RedisServer::start(true);
-    let a = Instance::start(&redis.url()).await;
-    let b = Instance::start(&redis.url()).await;
-    let owner = wait_owner(&redis.url(), &[&a, &b]).await;
-    let (mut owner, survivor) = if owner == 0 { (a, b) } else { (b, a) };
+    let (mut owner, survivor) = owner_and_other(&redis.url()).await;
 
     let receiver = Receiver::start(Behaviour::default()).await;
-    subscribe(&survivor.url, &receiver.url).await;
+    subscribe_at(&survivor.url, CHANNEL, &receiver.url).await;
     receiver.wait_verified(1).await;
-    wait_until("subscription active", Duration::from_secs(10), || async {
-        admin_json(&survivor.url, "/api/subscriptions")
-            .await
-            .as_array()
-            .is_some_and(|s| s.len() == 1)
-    })
-    .await;
+    wait_subscriptions(&survivor.url, 1).await;
 
     let acked: Arc<Mutex<Vec<(u64, u64)>>> = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
@@ -426,19 +313,11 @@ async fn killing_the_owner_hands_the_channel_over() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_restart_loses_nothing_acknowledged() {
     let mut redis = RedisServer::start(true);
-    let a = Instance::start(&redis.url()).await;
-    let b = Instance::start(&redis.url()).await;
-    wait_owner(&redis.url(), &[&a, &b]).await;
+    let (a, b) = owner_and_other(&redis.url()).await;
     let receiver = Receiver::start(Behaviour::default()).await;
-    subscribe(&a.url, &receiver.url).await;
+    subscribe_at(&a.url, CHANNEL, &receiver.url).await;
     receiver.wait_verified(1).await;
-    wait_until("subscription active", Duration::from_secs(10), || async {
-        admin_json(&a.url, "/api/subscriptions")
-            .await
-            .as_array()
-            .is_some_and(|s| s.len() == 1)
-    })
-    .await;
+    wait_subscriptions(&a.url, 1).await;
 
     let acked: Arc<Mutex<Vec<(u64, u64)>>> = Arc::default();
     let refused = Arc::new(Mutex::new(0usize));
@@ -722,20 +601,11 @@ async fn wait_until_owner(redis: &str, insides: &[&Insides]) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clean_stop_hands_the_channel_over_at_once() {
     let redis = RedisServer::start(false);
-    let a = Instance::start(&redis.url()).await;
-    let b = Instance::start(&redis.url()).await;
-    let owner = wait_owner(&redis.url(), &[&a, &b]).await;
-    let (mut owner, survivor) = if owner == 0 { (a, b) } else { (b, a) };
+    let (mut owner, survivor) = owner_and_other(&redis.url()).await;
     let receiver = Receiver::start(Behaviour::default()).await;
-    subscribe(&survivor.url, &receiver.url).await;
+    subscribe_at(&survivor.url, CHANNEL, &receiver.url).await;
     receiver.wait_verified(1).await;
-    wait_until("subscription active", Duration::from_secs(10), || async {
-        admin_json(&survivor.url, "/api/subscriptions")
-            .await
-            .as_array()
-            .is_some_and(|s| s.len() == 1)
-    })
-    .await;
+    wait_subscriptions(&survivor.url, 1).await;
     let client = reqwest::Client::new();
     let (_, last) = push(&client, &owner.url, "before", 10).await.unwrap();
     receiver.wait_seq(last, Duration::from_secs(20)).await;
@@ -780,12 +650,9 @@ async fn a_clean_stop_hands_the_channel_over_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn removing_a_subscription_on_one_instance_stops_delivery_on_the_owner() {
     let redis = RedisServer::start(false);
-    let a = Instance::start(&redis.url()).await;
-    let b = Instance::start(&redis.url()).await;
-    let owner = wait_owner(&redis.url(), &[&a, &b]).await;
-    let (owner, other) = if owner == 0 { (&a, &b) } else { (&b, &a) };
+    let (owner, other) = owner_and_other(&redis.url()).await;
     let receiver = Receiver::start(Behaviour::default()).await;
-    subscribe(&owner.url, &receiver.url).await;
+    subscribe_at(&owner.url, CHANNEL, &receiver.url).await;
     receiver.wait_verified(1).await;
     let id: Arc<Mutex<String>> = Arc::default();
     wait_until("subscription listed", Duration::from_secs(10), || async {
@@ -813,7 +680,7 @@ async fn removing_a_subscription_on_one_instance_stops_delivery_on_the_owner() {
     // Then a marker subscriber, subscribed after the removal, proves that later pushes were
     // delivered by the owner: once it has them, the removed one must not.
     let marker = Receiver::start(Behaviour::default()).await;
-    subscribe(&other.url, &marker.url).await;
+    subscribe_at(&other.url, CHANNEL, &marker.url).await;
     marker.wait_verified(1).await;
     wait_until("marker active", Duration::from_secs(10), || async {
         admin_json(&owner.url, "/api/subscriptions")
@@ -870,8 +737,8 @@ async fn the_compose_topology_works_through_one_port() {
     // file, so topics are the same whichever instance answers.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let hub = format!("http://{}", listener.local_addr().unwrap());
-    let a = Instance::start_with(&redis.url(), &["--public-url", &hub]).await;
-    let b = Instance::start_with(&redis.url(), &["--public-url", &hub]).await;
+    let a = instance(&redis.url(), &["--public-url", &hub]).await;
+    let b = instance(&redis.url(), &["--public-url", &hub]).await;
     let upstreams = [&a, &b]
         .iter()
         .map(|i| i.url.trim_start_matches("http://").to_string())
@@ -891,7 +758,7 @@ async fn the_compose_topology_works_through_one_port() {
     assert!(ok, "healthcheck through the one port");
 
     let receiver = Receiver::start(Behaviour::default()).await;
-    subscribe(&hub, &receiver.url).await;
+    subscribe_at(&hub, CHANNEL, &receiver.url).await;
     receiver.wait_verified(1).await;
     wait_until("subscription active", Duration::from_secs(10), || async {
         admin_json(&b.url, "/api/subscriptions")
@@ -937,9 +804,7 @@ async fn the_compose_topology_works_through_one_port() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_websocket_on_one_instance_sees_changes_ingested_through_the_other() {
     let redis = RedisServer::start(false);
-    let a = Instance::start(&redis.url()).await;
-    let b = Instance::start(&redis.url()).await;
-    wait_owner(&redis.url(), &[&a, &b]).await;
+    let (a, b) = owner_and_other(&redis.url()).await;
     // A replays from the start; B follows live.
     let mut on_a = WsClient::connect_to(&a.url, "").await;
     on_a.subscribe(CHANNEL, Some(0)).await;
@@ -1001,14 +866,14 @@ async fn two_instances_on_a_redis_cluster_act_as_one_hub() {
         .flat_map(|c| ["--channel".to_string(), format!("{c}={TOKEN}")])
         .collect();
     let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
-    let a = Instance::start_with(&cluster.url(), &extra).await;
-    let b = Instance::start_with(&cluster.url(), &extra).await;
+    let a = instance(&cluster.url(), &extra).await;
+    let b = instance(&cluster.url(), &extra).await;
     let urls = [a.url.clone(), b.url.clone()];
 
     let mut receivers = Vec::new();
     for (i, channel) in channels.iter().enumerate() {
         let receiver = Receiver::start(Behaviour::default()).await;
-        subscribe_to(&urls[i % 2], channel, &receiver.url).await;
+        subscribe_at(&urls[i % 2], channel, &receiver.url).await;
         receiver.wait_verified(1).await;
         receivers.push(receiver);
     }

@@ -2,115 +2,20 @@
 //! every acknowledged change is in the log, seqs are gapless, and the subscriber gets the rest.
 
 use crate::common::*;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-struct HubProcess {
-    child: Child,
-    url: String,
-}
-
-impl HubProcess {
-    async fn start(data_dir: &std::path::Path) -> HubProcess {
-        let port = free_port();
-        let child = Command::new(env!("CARGO_BIN_EXE_changehub"))
-            .args([
-                "serve",
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--data-dir",
-                data_dir.to_str().unwrap(),
-                "--channel",
-                &format!("{CHANNEL}={TOKEN}"),
-                "--admin-token",
-                ADMIN,
-                "--allow-private-callbacks",
-                "--linger",
-                "20ms",
-                "--retry-initial",
-                "100ms",
-                "--retry-max",
-                "1s",
-            ])
-            .env("RUST_LOG", "changehub=warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start changehub");
-        let url = format!("http://127.0.0.1:{port}");
-        let client = reqwest::Client::new();
-        wait_until("hub ready", Duration::from_secs(20), || async {
-            client
-                .get(format!("{url}/readyz"))
-                .send()
-                .await
-                .is_ok_and(|r| r.status().is_success())
-        })
-        .await;
-        HubProcess { child, url }
-    }
-
-    fn kill9(&mut self) {
-        // Child::kill sends SIGKILL on Unix.
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
-}
-
-impl Drop for HubProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_loses_no_acknowledged_change() {
     let dir = tempfile::tempdir().unwrap();
-    let mut hub = HubProcess::start(dir.path()).await;
+    let data_dir = dir.path().to_str().unwrap();
+    let mut hub = HubProcess::start(&["--data-dir", data_dir]).await;
     let receiver = Receiver::start(Behaviour::default()).await;
-    let topic = format!("{}/channels/{CHANNEL}/changelist.xml", hub.url);
     let client = reqwest::Client::new();
-    let resp = client
-        .post(format!("{}/hub", hub.url))
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(
-            form_urlencoded::Serializer::new(String::new())
-                .extend_pairs([
-                    ("hub.mode", "subscribe"),
-                    ("hub.topic", &topic),
-                    ("hub.callback", &receiver.url),
-                ])
-                .finish(),
-        )
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 202);
+    subscribe_at(&hub.url, CHANNEL, &receiver.url).await;
     receiver.wait_verified(1).await;
-    wait_until("subscription active", Duration::from_secs(10), || async {
-        let subs: Vec<serde_json::Value> = client
-            .get(format!("{}/api/subscriptions", hub.url))
-            .bearer_auth(ADMIN)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        subs.len() == 1
-    })
-    .await;
+    wait_subscriptions(&hub.url, 1).await;
 
     // Two sources push small requests until the hub dies under them.
     let acked: Arc<Mutex<Vec<(u64, u64)>>> = Arc::default();
@@ -163,7 +68,7 @@ async fn sigkill_loses_no_acknowledged_change() {
     let acked = acked.lock().unwrap().clone();
     let max_acked = acked.iter().map(|a| a.1).max().unwrap();
 
-    let hub = HubProcess::start(dir.path()).await;
+    let hub = HubProcess::start(&["--data-dir", data_dir]).await;
     let seqs = catch_up(&client, &hub.url, 0).await;
     assert!(!seqs.is_empty());
     assert_eq!(

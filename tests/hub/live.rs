@@ -117,16 +117,7 @@ async fn cursor_older_than_retention_gets_reset() {
     })
     .await;
     hub.push("a", 30).await;
-    wait_until("trimmed", WAIT, || async {
-        hub.client
-            .get(format!("{}/channels/{CHANNEL}/changes?after=0", hub.url))
-            .send()
-            .await
-            .unwrap()
-            .status()
-            == 410
-    })
-    .await;
+    hub.wait_trimmed_past(0).await;
     hub.wait_published(30).await;
     let mut ws = WsClient::connect(&hub, "").await;
     ws.subscribe(CHANNEL, Some(2)).await;

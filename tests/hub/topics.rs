@@ -12,6 +12,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::oneshot;
 
+use crate::common::serve_until_stopped;
+
 /// What the server answers at one path.
 #[derive(Debug, Clone)]
 pub struct Doc {
@@ -53,15 +55,7 @@ impl TopicServer {
         let app = Router::new().fallback(serve).with_state(state.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let (stop, stopped) = oneshot::channel::<()>();
-        tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async {
-                    let _ = stopped.await;
-                })
-                .await
-                .unwrap();
-        });
+        let stop = serve_until_stopped(listener, app);
         TopicServer {
             base: format!("http://{addr}"),
             state,
