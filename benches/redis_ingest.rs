@@ -12,8 +12,8 @@
 //! (or `always`) turns the AOF on for all three. Run: `cargo bench --bench redis_ingest`
 //! (`BENCH_SCALE=0.2` for a quicker run). Needs `redis-server` and `redis-benchmark`.
 
-use changehub::change::{ChangeType, NewChange};
 use changehub::config::{Config, StoreConfig};
+use changehub::model::{ChangeType, NewChange};
 use changehub::store::{RedisStore, Store};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;

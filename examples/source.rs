@@ -189,7 +189,7 @@ fn change(run: &str, i: usize) -> Value {
     };
     let content = format!("item {i} of run {run}\n");
     let digest = hex::encode(Sha256::digest(content.as_bytes()));
-    let now = changehub::change::format_datetime(time::OffsetDateTime::now_utc());
+    let now = changehub::model::format_datetime(time::OffsetDateTime::now_utc());
     let mut c = json!({
         "loc": format!("http://example.com/items/{run}/{i}"),
         "change": kind,

@@ -12,7 +12,7 @@ use time::OffsetDateTime;
 
 use crate::http::{ApiError, AppState};
 use crate::ingest::check_bearer;
-use crate::store::PendingDelivery;
+use crate::model::PendingDelivery;
 
 fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     match &state.config.admin_token {

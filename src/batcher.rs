@@ -10,32 +10,19 @@
 
 use bytes::Bytes;
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::change::Change;
 use crate::config::Config;
+use crate::model::{Change, Notification};
 use crate::resourcesync::{self, ChangeListHeader, DocLink};
 use crate::store::Store;
 
 /// How many recent notifications a feed keeps for delivery workers to share.
 const RECENT: usize = 64;
-
-/// A batch of consecutive changes of one channel, rendered once.
-#[derive(Debug)]
-pub struct Notification {
-    pub channel: String,
-    pub first: u64,
-    pub last: u64,
-    pub changes: Vec<Change>,
-    /// The Change List document, as delivered to every subscriber.
-    pub body: Bytes,
-    /// The websocket / SSE frame, rendered on first use and shared by every live client.
-    pub json: OnceLock<axum::extract::ws::Utf8Bytes>,
-}
 
 /// Renders changes `first..=last` of a channel as a notification document. Deterministic: the
 /// same changes always give the same bytes, so a retried delivery carries the same body.
@@ -60,7 +47,6 @@ pub fn render_notification(config: &Config, channel: &str, changes: Vec<Change>)
         last,
         changes,
         body,
-        json: OnceLock::new(),
     }
 }
 

@@ -9,18 +9,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::fanout::signing::Algorithm;
-
-/// Channel names: `[a-z0-9][a-z0-9._-]{0,63}`.
-pub fn valid_channel_name(name: &str) -> bool {
-    let bytes = name.as_bytes();
-    !bytes.is_empty()
-        && bytes.len() <= 64
-        && (bytes[0].is_ascii_lowercase() || bytes[0].is_ascii_digit())
-        && bytes.iter().all(|b| {
-            b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'.' | b'_' | b'-')
-        })
-}
+use crate::model::{valid_channel_name, Algorithm, Retention};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -213,13 +202,6 @@ pub enum StoreConfig {
     Redis { url: String },
 }
 
-/// How long changes are kept, per channel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Retention {
-    pub max_changes: u64,
-    pub max_age: Option<Duration>,
-}
-
 #[derive(Debug, Clone)]
 pub struct ChannelConfig {
     pub name: String,
@@ -315,10 +297,7 @@ impl Config {
     }
 }
 
-const DEFAULT_RETENTION: Retention = Retention {
-    max_changes: 1_000_000,
-    max_age: None,
-};
+const DEFAULT_RETENTION: Retention = Retention::DEFAULT;
 
 impl ServeArgs {
     /// Merges flags, the TOML file and defaults, and checks the result.
@@ -532,16 +511,6 @@ impl ServeArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn channel_names() {
-        for ok in ["a", "0", "news.feed_1-x", &"a".repeat(64)] {
-            assert!(valid_channel_name(ok), "{ok}");
-        }
-        for bad in ["", "A", "-a", ".a", "a/b", "a b", &"a".repeat(65)] {
-            assert!(!valid_channel_name(bad), "{bad}");
-        }
-    }
 
     #[test]
     fn flags_override_file_and_defaults_apply() {

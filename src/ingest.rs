@@ -16,8 +16,8 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
 
-use crate::change::{parse_w3c_datetime, ChangeType, Link, NewChange};
 use crate::http::{ApiError, AppState};
+use crate::model::{parse_w3c_datetime, ChangeType, Link, NewChange};
 use crate::resourcesync;
 use crate::store::{IdempotencyKey, StoreError};
 

@@ -27,13 +27,13 @@
 pub mod api;
 pub mod batcher;
 pub mod catchup;
-pub mod change;
 pub mod cluster;
 pub mod config;
 pub mod fanout;
 pub mod http;
 pub mod ingest;
 pub mod live;
+pub mod model;
 pub mod resourcesync;
 pub mod store;
 

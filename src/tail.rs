@@ -62,7 +62,7 @@ pub struct TailArgs {
 pub async fn run(args: TailArgs, stop: impl Future<Output = ()>) -> anyhow::Result<()> {
     let endpoint = ws_endpoint(&args.url)?;
     anyhow::ensure!(
-        changehub::config::valid_channel_name(&args.channel),
+        changehub::model::valid_channel_name(&args.channel),
         "{:?} is not a channel name ([a-z0-9][a-z0-9._-]{{0,63}})",
         args.channel
     );

@@ -2,12 +2,11 @@
 //! gets the whole suite through `contract_tests!`, with a factory that opens a store and can
 //! open it again on the same data (to check durability).
 
-use changehub::change::{parse_w3c_datetime, ChangeType, NewChange};
-use changehub::config::Retention;
-use changehub::fanout::signing::Algorithm;
-use changehub::store::{
-    ChannelHead, DeliveryState, IdempotencyKey, PendingDelivery, Store, StoreError, Subscription,
-};
+use changehub::model::Algorithm;
+use changehub::model::Retention;
+use changehub::model::{parse_w3c_datetime, ChangeType, NewChange};
+use changehub::model::{DeliveryState, PendingDelivery, Subscription};
+use changehub::store::{ChannelHead, IdempotencyKey, Store, StoreError};
 use std::sync::Arc;
 use std::time::Duration;
 use time::OffsetDateTime;

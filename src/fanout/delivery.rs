@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{net, retry, signing, Fanout};
 use crate::batcher::render_notification;
-use crate::store::{DeliveryState, PendingDelivery, Subscription};
+use crate::model::{DeliveryState, PendingDelivery, Subscription};
 
 /// What one delivery attempt came to.
 #[derive(Debug)]

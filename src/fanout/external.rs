@@ -41,8 +41,9 @@ use tokio_util::task::TaskTracker;
 
 use super::net;
 use crate::batcher::{Batcher, ChannelFeed};
-use crate::change::{format_datetime, NewChange};
-use crate::config::{Config, Retention};
+use crate::config::Config;
+use crate::model::Retention;
+use crate::model::{format_datetime, NewChange};
 use crate::resourcesync::{self, Document, Limits, ParseError};
 use crate::store::{Store, StoreError};
 
@@ -611,7 +612,7 @@ mod tests {
         assert_eq!(a, channel_name("http://example.com/a.xml"));
         assert_ne!(a, channel_name("http://example.com/b.xml"));
         assert!(a.starts_with(CHANNEL_PREFIX));
-        assert!(!crate::config::valid_channel_name(&a));
+        assert!(!crate::model::valid_channel_name(&a));
     }
 
     #[test]

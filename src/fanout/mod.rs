@@ -30,7 +30,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::batcher::ChannelFeed;
 use crate::config::Config;
-use crate::store::{ClusterEvent, DeliveryState, Store, StoreError, Subscription};
+use crate::model::{DeliveryState, Subscription};
+use crate::store::{ClusterEvent, Store, StoreError};
 
 struct Handle {
     generation: u64,

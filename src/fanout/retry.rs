@@ -4,7 +4,7 @@
 //! Delay before retry `n` (1-based): `initial × 2^(n-1)`, capped at `max`, with ±20% jitter.
 //! A `Retry-After` from the subscriber replaces the computed delay (capped at `max`).
 //!
-//! [`PendingDelivery`]: crate::store::PendingDelivery
+//! [`PendingDelivery`]: crate::model::PendingDelivery
 
 use rand::Rng;
 use std::time::{Duration, SystemTime};

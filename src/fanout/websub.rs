@@ -20,7 +20,7 @@ use time::OffsetDateTime;
 
 use super::{external, net, publish, signing::Algorithm, Fanout};
 use crate::http::AppState;
-use crate::store::{subscription_id, Subscription};
+use crate::model::{subscription_id, Subscription};
 
 /// `hub.secret` must be shorter than this (WebSub §5.1).
 pub const MAX_SECRET_BYTES: usize = 200;

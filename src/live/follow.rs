@@ -10,8 +10,9 @@
 use std::sync::Arc;
 use tokio::sync::broadcast;
 
-use crate::batcher::{ChannelFeed, Notification};
-use crate::change::Change;
+use crate::batcher::ChannelFeed;
+use crate::model::Change;
+use crate::model::Notification;
 use crate::store::{Store, StoreError};
 
 /// Most changes read from the log for one replay step.

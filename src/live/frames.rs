@@ -3,11 +3,10 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use std::sync::Arc;
 
 use super::follow::Event;
-use crate::batcher::Notification;
-use crate::change::{format_datetime, Change};
+use crate::model::Notification;
+use crate::model::{format_datetime, Change};
 
 /// A frame from the client.
 #[derive(Debug, Deserialize)]
@@ -56,30 +55,25 @@ pub fn notification(channel: &str, changes: &[Change]) -> String {
     .unwrap_or_default()
 }
 
-/// The `notification` frame of a whole live notification, rendered once and shared by every
-/// client that receives it.
-pub fn live_notification(n: &Arc<Notification>) -> axum::extract::ws::Utf8Bytes {
-    n.json
-        .get_or_init(|| notification(&n.channel, &n.changes).into())
-        .clone()
+/// The `notification` frame of a whole notification.
+pub fn whole_notification(n: &Notification) -> String {
+    notification(&n.channel, &n.changes)
 }
 
-/// The frame for a follower event: `(frame, last seq it carries)`.
-pub fn event(channel: &str, ev: &Event) -> axum::extract::ws::Utf8Bytes {
+/// The frame for a follower event.
+pub fn event(channel: &str, ev: &Event) -> String {
     match ev {
-        Event::Live(n, 0) => live_notification(n),
-        Event::Live(..) | Event::Replay(_) => notification(channel, ev.changes()).into(),
-        Event::CaughtUp(seq) => json!({"type": "caught_up", "channel": channel, "seq": seq})
-            .to_string()
-            .into(),
+        Event::Live(..) | Event::Replay(_) => notification(channel, ev.changes()),
+        Event::CaughtUp(seq) => {
+            json!({"type": "caught_up", "channel": channel, "seq": seq}).to_string()
+        }
         Event::Reset { oldest } => json!({
             "type": "reset",
             "channel": channel,
             "oldest": oldest,
             "message": format!("the cursor is older than retention; replay continues from seq {oldest}"),
         })
-        .to_string()
-        .into(),
+        .to_string(),
     }
 }
 

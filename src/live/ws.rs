@@ -17,7 +17,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use futures_util::{SinkExt, StreamExt};
 use serde::Deserialize;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -28,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 use super::follow::{Event, Follower};
 use super::{frames, read_allowed};
 use crate::http::AppState;
+use crate::model::Notification;
 
 /// Close code for a client that cannot keep up.
 pub const CLOSE_SLOW: u16 = 4008;
@@ -36,12 +37,52 @@ const SLOW_PATIENCE: Duration = Duration::from_secs(10);
 /// Close code when the hub shuts down.
 pub const CLOSE_GOING_AWAY: u16 = 1001;
 
-/// Websocket connections per client address, and counters for the admin API.
+/// Websocket connections per client address, counters for the admin API, and the frames of
+/// recent live notifications, rendered once and shared by every connection.
 #[derive(Default)]
 pub struct Connections {
     per_ip: Mutex<HashMap<IpAddr, usize>>,
     /// Connections closed because the client could not keep up.
     pub slow_closes: std::sync::atomic::AtomicU64,
+    frames: Mutex<HashMap<String, VecDeque<SharedFrame>>>,
+}
+
+/// How many recent live frames are kept per channel.
+const SHARED_FRAMES: usize = 16;
+
+/// A rendered live notification frame: seqs `first..=last` of a channel always render the
+/// same bytes, so the range identifies it.
+struct SharedFrame {
+    first: u64,
+    last: u64,
+    frame: Utf8Bytes,
+}
+
+impl Connections {
+    /// The `notification` frame of a whole live notification, rendered by the first
+    /// connection that needs it and shared by the others.
+    fn live_frame(&self, n: &Notification) -> Utf8Bytes {
+        let mut frames = self.frames.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(recent) = frames.get(&n.channel) {
+            if let Some(f) = recent
+                .iter()
+                .find(|f| f.first == n.first && f.last == n.last)
+            {
+                return f.frame.clone();
+            }
+        }
+        let frame = Utf8Bytes::from(frames::whole_notification(n));
+        let recent = frames.entry(n.channel.clone()).or_default();
+        if recent.len() == SHARED_FRAMES {
+            recent.pop_front();
+        }
+        recent.push_back(SharedFrame {
+            first: n.first,
+            last: n.last,
+            frame: frame.clone(),
+        });
+        frame
+    }
 }
 
 impl Connections {
@@ -358,6 +399,7 @@ impl Connection {
             self.queue.clone(),
             self.slow.clone(),
             self.slow_channel.clone(),
+            state.connections.clone(),
         ));
         self.subscriptions.insert(channel, task);
     }
@@ -370,6 +412,7 @@ async fn follow(
     queue: mpsc::Sender<Out>,
     slow: CancellationToken,
     slow_channel: Arc<Mutex<Option<Arc<str>>>>,
+    connections: Arc<Connections>,
 ) {
     loop {
         let event = match follower.next().await {
@@ -387,7 +430,11 @@ async fn follow(
             }
         };
         let last = event.changes().last().map(|c| (channel.clone(), c.seq));
-        let frame = Out(frames::event(&channel, &event), last);
+        let frame = match &event {
+            Event::Live(n, 0) => connections.live_frame(n),
+            _ => frames::event(&channel, &event).into(),
+        };
+        let frame = Out(frame, last);
         if matches!(event, Event::Live(..)) {
             match queue.try_send(frame) {
                 Ok(()) => {}

@@ -37,14 +37,14 @@
 //!   So `parse(write(c))` gives back `c` exactly.
 //! - The hub's own data travels in attributes of [`HUB_NS`] (prefix `ch`): `ch:seq` on each
 //!   entry's `rs:md`, `ch:first`/`ch:last` on the top-level `rs:md` of a notification.
-//! - All datetimes are written by [`crate::change::format_datetime`] (RFC 3339, UTC, `Z`) and
-//!   read by [`crate::change::parse_w3c_datetime`].
+//! - All datetimes are written by [`crate::model::format_datetime`] (RFC 3339, UTC, `Z`) and
+//!   read by [`crate::model::parse_w3c_datetime`].
 //! - Parsing checks structure, not content rules: callers run [`NewChange::validate`] on each
 //!   parsed change before accepting it.
 
 use time::OffsetDateTime;
 
-use crate::change::NewChange;
+use crate::model::NewChange;
 
 mod parse;
 mod write;

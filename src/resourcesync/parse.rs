@@ -21,7 +21,7 @@ use super::{
     Capability, ChangeListHeader, DocLink, Document, IndexEntry, Limits, ParseError, ParsedEntry,
     HUB_NS, MAX_DEPTH, RS_NS, SITEMAP_NS,
 };
-use crate::change::{
+use crate::model::{
     parse_w3c_datetime, ChangeType, Link, NewChange, MAX_ATTR_LEN, MAX_LINKS, MAX_URI_LEN,
 };
 

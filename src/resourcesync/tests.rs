@@ -7,7 +7,7 @@ use quick_xml::Reader;
 use time::OffsetDateTime;
 
 use super::*;
-use crate::change::{parse_w3c_datetime, Change, ChangeType, Link, NewChange, MAX_URI_LEN};
+use crate::model::{parse_w3c_datetime, Change, ChangeType, Link, NewChange, MAX_URI_LEN};
 
 fn example(name: &str) -> Vec<u8> {
     let path = format!("{}/proto/examples/{name}", env!("CARGO_MANIFEST_DIR"));

@@ -17,7 +17,7 @@
 use time::OffsetDateTime;
 
 use super::{Capability, ChangeListHeader, DocLink, IndexEntry, HUB_NS, RS_NS, SITEMAP_NS};
-use crate::change::{format_datetime, Change, Link};
+use crate::model::{format_datetime, Change, Link};
 
 const XML_DECL: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
 

@@ -20,12 +20,8 @@ use std::sync::{Arc, Mutex};
 use time::OffsetDateTime;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::{
-    Appended, ChannelHead, DeliveryState, IdempotencyKey, Store, StoreError, Subscription,
-    IDEMPOTENCY_TTL,
-};
-use crate::change::{Change, NewChange};
-use crate::config::Retention;
+use super::{Appended, ChannelHead, IdempotencyKey, Store, StoreError, IDEMPOTENCY_TTL};
+use crate::model::{Change, DeliveryState, NewChange, Retention, Subscription};
 
 const CHANGES: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("changes");
 const CHANNELS: TableDefinition<&str, &[u8]> = TableDefinition::new("channels");

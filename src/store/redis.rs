@@ -61,11 +61,9 @@ use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Appended, ChannelHead, ClusterEvent, DeliveryState, IdempotencyKey, Store, StoreError,
-    Subscription, IDEMPOTENCY_TTL,
+    Appended, ChannelHead, ClusterEvent, IdempotencyKey, Store, StoreError, IDEMPOTENCY_TTL,
 };
-use crate::change::{Change, ChangeType, Link, NewChange};
-use crate::config::Retention;
+use crate::model::{Change, ChangeType, DeliveryState, Link, NewChange, Retention, Subscription};
 
 /// The pub/sub channel of [`ClusterEvent`]s and head moves.
 pub const EVENTS: &str = "changehub:events";
@@ -1023,8 +1021,8 @@ mod tests {
         let full = NewChange {
             loc: "http://example.com/a".into(),
             change: ChangeType::Deleted,
-            datetime: Some(crate::change::parse_w3c_datetime("2024-01-01T01:00:00+01:00").unwrap()),
-            lastmod: Some(crate::change::parse_w3c_datetime("2023-01-01T00:00:00Z").unwrap()),
+            datetime: Some(crate::model::parse_w3c_datetime("2024-01-01T01:00:00+01:00").unwrap()),
+            lastmod: Some(crate::model::parse_w3c_datetime("2023-01-01T00:00:00Z").unwrap()),
             hash: Some("md5:1e0d5cb8ef6ba40c99b14c0237be735e".into()),
             length: Some(8),
             media_type: Some("text/plain".into()),
@@ -1087,16 +1085,16 @@ mod tests {
 
     #[test]
     fn datetime_keys_sort_like_datetimes() {
-        let a = crate::change::parse_w3c_datetime("1969-12-31T23:59:59Z").unwrap();
-        let b = crate::change::parse_w3c_datetime("2024-01-01T00:00:00.5Z").unwrap();
-        let c = crate::change::parse_w3c_datetime("2024-01-01T00:00:00.500000001Z").unwrap();
+        let a = crate::model::parse_w3c_datetime("1969-12-31T23:59:59Z").unwrap();
+        let b = crate::model::parse_w3c_datetime("2024-01-01T00:00:00.5Z").unwrap();
+        let c = crate::model::parse_w3c_datetime("2024-01-01T00:00:00.500000001Z").unwrap();
         assert!(datetime_key(a) < datetime_key(b));
         assert!(datetime_key(b) < datetime_key(c));
         assert_eq!(datetime_from_key(&datetime_key(c)).unwrap(), c);
         assert_eq!(datetime_key(a).len(), DT_KEY_LEN);
         assert_eq!(datetime_key(c).len(), DT_KEY_LEN);
-        let far = crate::change::parse_w3c_datetime("9999-12-31T23:59:59.999999999Z").unwrap();
-        let early = crate::change::parse_w3c_datetime("0001-01-01T00:00:00Z").unwrap();
+        let far = crate::model::parse_w3c_datetime("9999-12-31T23:59:59.999999999Z").unwrap();
+        let early = crate::model::parse_w3c_datetime("0001-01-01T00:00:00Z").unwrap();
         assert_eq!(datetime_key(far).len(), DT_KEY_LEN);
         assert_eq!(datetime_key(early).len(), DT_KEY_LEN);
     }

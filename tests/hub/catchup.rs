@@ -161,7 +161,7 @@ async fn datetimes_never_go_backwards() {
     // The source's own time is kept as lastmod.
     assert_eq!(
         entries[1].change.lastmod,
-        Some(changehub::change::parse_w3c_datetime("2020-01-01T00:00:00Z").unwrap())
+        Some(changehub::model::parse_w3c_datetime("2020-01-01T00:00:00Z").unwrap())
     );
 }
 

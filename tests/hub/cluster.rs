@@ -504,7 +504,7 @@ impl Insides {
 /// Collects live notifications until one reaches `last`; checks they follow each other
 /// without a gap or an overlap, each at most `max_batch` changes.
 async fn live_until(
-    rx: &mut tokio::sync::broadcast::Receiver<Arc<changehub::batcher::Notification>>,
+    rx: &mut tokio::sync::broadcast::Receiver<Arc<changehub::model::Notification>>,
     mut previous: u64,
     last: u64,
 ) -> u64 {
@@ -535,11 +535,11 @@ async fn every_instance_feed_hears_every_notification() {
     let mut live_a = a.feed.live();
     let mut live_b = b.feed.live();
     let now = time::OffsetDateTime::now_utc;
-    let batch = |tag: usize| -> Vec<changehub::change::NewChange> {
+    let batch = |tag: usize| -> Vec<changehub::model::NewChange> {
         (0..10)
-            .map(|j| changehub::change::NewChange {
+            .map(|j| changehub::model::NewChange {
                 loc: format!("http://example.com/{tag}/{j}"),
-                change: changehub::change::ChangeType::Updated,
+                change: changehub::model::ChangeType::Updated,
                 datetime: None,
                 lastmod: None,
                 hash: None,

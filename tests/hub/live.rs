@@ -197,7 +197,7 @@ fn add_channel(c: &mut changehub::config::Config, name: &str, token: &str, reade
             name: name.into(),
             token: token.into(),
             read_token: reader.map(String::from),
-            retention: changehub::config::Retention {
+            retention: changehub::model::Retention {
                 max_changes: 1000,
                 max_age: None,
             },

@@ -1,0 +1,24 @@
+//! The shared data types: what every other room of the hub passes around. This module imports
+//! nothing of the project; everything else imports from here.
+//!
+//! - [`change`]: a change as a source sends it ([`NewChange`]) and as the log holds it
+//!   ([`Change`]), the validation every ingest path shares, W3C datetimes.
+//! - [`notification`]: a batch of consecutive changes of one channel, rendered once.
+//! - [`subscription`]: a verified WebSub subscription and how far it has been served.
+//! - [`signature`]: the `X-Hub-Signature` algorithms.
+//! - [`channel`]: channel names and retention.
+
+pub mod change;
+pub mod channel;
+pub mod notification;
+pub mod signature;
+pub mod subscription;
+
+pub use change::{
+    format_datetime, parse_w3c_datetime, Change, ChangeType, Link, NewChange, ValidationError,
+    MAX_ATTR_LEN, MAX_LINKS, MAX_URI_LEN,
+};
+pub use channel::{valid_channel_name, Retention};
+pub use notification::Notification;
+pub use signature::Algorithm;
+pub use subscription::{subscription_id, DeliveryState, PendingDelivery, Subscription};

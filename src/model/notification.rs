@@ -1,0 +1,17 @@
+//! A notification: a batch of consecutive changes of one channel, rendered once as the Change
+//! List document every subscriber receives.
+
+use bytes::Bytes;
+
+use super::Change;
+
+/// A batch of consecutive changes of one channel (seqs `first..=last`), rendered once.
+#[derive(Debug)]
+pub struct Notification {
+    pub channel: String,
+    pub first: u64,
+    pub last: u64,
+    pub changes: Vec<Change>,
+    /// The Change List document, as delivered to every subscriber.
+    pub body: Bytes,
+}
