@@ -59,7 +59,7 @@ pub async fn channels(
         let head = state.store.head(name).await?;
         out.push(ChannelView {
             name: name.clone(),
-            topic: state.config.topic_url(name),
+            topic: state.config.urls.topic(name),
             kind: "hosted",
             oldest: head.oldest,
             last: head.last,

@@ -44,7 +44,7 @@ fn readable(
 /// `changes?after=` serves too).
 fn topic_of(state: &AppState, name: &str) -> Result<String, ApiError> {
     if state.config.channels.contains_key(name) {
-        return Ok(state.config.topic_url(name));
+        return Ok(state.config.urls.topic(name));
     }
     state
         .fanout
@@ -68,7 +68,7 @@ fn xml(body: Vec<u8>) -> Response {
 fn hub_links(state: &AppState, topic: &str) -> Option<HeaderValue> {
     HeaderValue::from_str(&format!(
         "<{}>; rel=\"hub\", <{topic}>; rel=\"self\"",
-        state.config.hub_url(),
+        state.config.urls.hub(),
     ))
     .ok()
 }
@@ -201,7 +201,7 @@ pub async fn changes_after(
     let mut response = xml(resourcesync::write_change_list(&header, &changes));
     let mut link = format!(
         "<{}>; rel=\"hub\", <{}>; rel=\"self\"",
-        state.config.hub_url(),
+        state.config.urls.hub(),
         topic
     );
     if let Some(next) = &next {
@@ -228,7 +228,7 @@ pub async fn capability_list(
         },
         DocLink {
             rel: "hub".into(),
-            href: state.config.hub_url(),
+            href: state.config.urls.hub(),
         },
     ];
     let caps = [Capability {

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::model::{valid_channel_name, Algorithm, Retention};
+use crate::net::Urls;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -230,6 +231,8 @@ pub struct Config {
     pub listen: SocketAddr,
     /// Without a trailing slash.
     pub public_url: String,
+    /// Every URL the hub publishes, built from `public_url`.
+    pub urls: Urls,
     pub store: StoreConfig,
     pub channels: BTreeMap<String, ChannelConfig>,
     pub admin_token: Option<String>,
@@ -277,23 +280,9 @@ impl Config {
         self
     }
 
-    /// The topic URL (and catch-up Change List) of a channel.
-    pub fn topic_url(&self, channel: &str) -> String {
-        format!("{}/channels/{channel}/changelist.xml", self.public_url)
-    }
-
-    /// The hub URL subscribers post to.
-    pub fn hub_url(&self) -> String {
-        format!("{}/hub", self.public_url)
-    }
-
     /// The channel whose topic URL is `topic`, if any.
     pub fn channel_for_topic(&self, topic: &str) -> Option<&ChannelConfig> {
-        let rest = topic.strip_prefix(&self.public_url)?;
-        let name = rest
-            .strip_prefix("/channels/")?
-            .strip_suffix("/changelist.xml")?;
-        self.channels.get(name)
+        self.channels.get(self.urls.channel_of_topic(topic)?)
     }
 }
 
@@ -327,6 +316,8 @@ impl ServeArgs {
             .unwrap_or_else(|| format!("http://{listen}"));
         let public_url = public_url.trim_end_matches('/').to_string();
         let parsed = url::Url::parse(&public_url)
+            .map_err(|e| invalid(format!("--public-url {public_url:?}: {e}")))?;
+        let urls = Urls::new(&public_url)
             .map_err(|e| invalid(format!("--public-url {public_url:?}: {e}")))?;
         if !matches!(parsed.scheme(), "http" | "https") || parsed.query().is_some() {
             return Err(invalid(format!(
@@ -420,6 +411,7 @@ impl ServeArgs {
         let config = Config {
             listen,
             public_url,
+            urls,
             store,
             channels,
             admin_token: self.admin_token.or(file.admin_token),

@@ -80,13 +80,7 @@ impl Format {
         let Some(value) = value else {
             return Some(Format::Json);
         };
-        let essence = value
-            .split(';')
-            .next()
-            .unwrap_or("")
-            .trim()
-            .to_ascii_lowercase();
-        match essence.as_str() {
+        match crate::net::media::essence(value).as_str() {
             "application/json" => Some(Format::Json),
             "application/x-ndjson"
             | "application/ndjson"
@@ -219,33 +213,11 @@ pub fn parse_body(
 /// Checks `Authorization: Bearer <token>` against `token` (the channel's, or the admin
 /// token: `what` names it in the refusal), in constant time.
 pub fn check_bearer(headers: &HeaderMap, token: &str, what: &str) -> Result<(), ApiError> {
-    let Some(value) = headers.get(http::header::AUTHORIZATION) else {
-        return Err(ApiError::unauthorized(
-            "missing Authorization: Bearer token",
-        ));
-    };
-    let given = value
-        .to_str()
-        .ok()
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        })
-        .map(str::trim)
-        .ok_or_else(|| ApiError::unauthorized("Authorization must be a Bearer token"))?;
-    let equal = given.len() == token.len()
-        && given
-            .bytes()
-            .zip(token.bytes())
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0;
-    if !equal {
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            format!("wrong token for {what}"),
-        ));
-    }
-    Ok(())
+    use crate::auth::AuthError;
+    crate::auth::check_bearer(headers, token).map_err(|e| match e {
+        AuthError::Missing | AuthError::NotBearer => ApiError::unauthorized(e.to_string()),
+        AuthError::Wrong => ApiError::new(StatusCode::FORBIDDEN, format!("wrong token for {what}")),
+    })
 }
 
 /// `POST /channels/{name}/changes`.

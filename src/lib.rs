@@ -25,8 +25,10 @@
 //! until the `shutdown` future completes, then flushes the batchers and stops every task.
 
 pub mod api;
+pub mod auth;
 pub mod batcher;
 pub mod catchup;
+pub mod client;
 pub mod cluster;
 pub mod config;
 pub mod fanout;
@@ -34,7 +36,9 @@ pub mod http;
 pub mod ingest;
 pub mod live;
 pub mod model;
+pub mod net;
 pub mod resourcesync;
+pub mod retry;
 pub mod store;
 
 use std::collections::BTreeMap;
@@ -111,9 +115,11 @@ pub async fn run(
         }
     }
 
+    let client = net::outbound_client(config.allow_private_callbacks, config.delivery_timeout);
     let external = fanout::external::External::new(
         config.clone(),
         store.clone(),
+        client.clone(),
         batchers.clone(),
         batcher_cancel.clone(),
         tasks.clone(),
@@ -124,6 +130,7 @@ pub async fn run(
         store.clone(),
         feeds.clone(),
         external,
+        client,
         tasks.clone(),
         cancel.clone(),
         drain.clone(),

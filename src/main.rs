@@ -1,12 +1,10 @@
-//! The `changehub` binary: parses the command line, starts logging, and hands over to the
-//! library ([`changehub::run`]). The only client code that lives here is `changehub tail`
-//! ([`tail`]), a websocket client of the hub that the library does not need.
+//! The `changehub` binary: parses the command line, starts logging, and dispatches to the
+//! library: `serve` to [`changehub::run`], the client commands to [`changehub::client`].
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use std::time::Duration;
 
-mod tail;
+use changehub::client::{healthcheck, tail};
 
 #[derive(Parser)]
 #[command(
@@ -24,10 +22,7 @@ enum Command {
     /// Run the hub.
     Serve(Box<changehub::config::ServeArgs>),
     /// Exit 0 when the hub at URL is ready (GET URL/readyz answers 200).
-    Healthcheck {
-        /// Base URL of the hub, e.g. http://127.0.0.1:8080
-        url: String,
-    },
+    Healthcheck(healthcheck::HealthcheckArgs),
     /// Follow a channel over the websocket, from a --since cursor.
     ///
     /// Prints one line per change on stdout (seq, change, datetime, loc; tab-separated) and the
@@ -47,7 +42,7 @@ async fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().command {
         Command::Serve(args) => serve(*args).await,
-        Command::Healthcheck { url } => healthcheck(&url).await,
+        Command::Healthcheck(args) => healthcheck::run(args).await,
         Command::Tail(args) => tail::run(args, shutdown_signal()).await,
     }
 }
@@ -83,22 +78,4 @@ async fn shutdown_signal() {
         _ = ctrl_c => {},
         _ = term => {},
     }
-}
-
-async fn healthcheck(url: &str) -> anyhow::Result<()> {
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(5))
-        .build()?;
-    let url = format!("{}/readyz", url.trim_end_matches('/'));
-    let resp = client
-        .get(&url)
-        .send()
-        .await
-        .with_context(|| format!("GET {url}"))?;
-    anyhow::ensure!(
-        resp.status().is_success(),
-        "{url} answered {}",
-        resp.status()
-    );
-    Ok(())
 }

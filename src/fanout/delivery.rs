@@ -25,9 +25,10 @@ use time::OffsetDateTime;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::{net, retry, signing, Fanout};
+use super::{signing, Fanout};
 use crate::batcher::render_notification;
 use crate::model::{DeliveryState, PendingDelivery, Subscription};
+use crate::{net, retry};
 
 /// What one delivery attempt came to.
 #[derive(Debug)]
@@ -99,7 +100,7 @@ pub async fn post(
     }
     let link = format!(
         "<{}>; rel=\"hub\", <{}>; rel=\"self\"",
-        fanout.config.hub_url(),
+        fanout.config.urls.hub(),
         sub.topic
     );
     let mut request = client

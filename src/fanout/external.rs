@@ -39,11 +39,11 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::net;
 use crate::batcher::{Batcher, ChannelFeed};
 use crate::config::Config;
 use crate::model::Retention;
 use crate::model::{format_datetime, NewChange};
+use crate::net;
 use crate::resourcesync::{self, Document, Limits, ParseError};
 use crate::store::{Store, StoreError};
 
@@ -186,12 +186,12 @@ impl External {
     pub fn new(
         config: Arc<Config>,
         store: Arc<dyn Store>,
+        client: reqwest::Client,
         batchers: TaskTracker,
         batcher_cancel: CancellationToken,
         tasks: TaskTracker,
         cancel: CancellationToken,
     ) -> Arc<External> {
-        let client = net::client(config.allow_private_callbacks, config.delivery_timeout);
         Arc::new(External {
             config,
             store,
@@ -406,7 +406,7 @@ impl External {
         let links = fetched
             .links
             .iter()
-            .flat_map(|v| super::publish::parse_links(v))
+            .flat_map(|v| net::parse_links(v))
             .filter(|l| !l.has_rel("hub") && !l.has_rel("self"))
             .map(|l| l.raw)
             .collect();

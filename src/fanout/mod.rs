@@ -16,9 +16,7 @@
 
 pub mod delivery;
 pub mod external;
-pub mod net;
 pub mod publish;
-pub mod retry;
 pub mod signing;
 pub mod websub;
 
@@ -63,11 +61,11 @@ impl Fanout {
         store: Arc<dyn Store>,
         feeds: Arc<BTreeMap<String, Arc<ChannelFeed>>>,
         external: Arc<external::External>,
+        client: reqwest::Client,
         tasks: TaskTracker,
         cancel: CancellationToken,
         drain: CancellationToken,
     ) -> Arc<Fanout> {
-        let client = net::client(config.allow_private_callbacks, config.delivery_timeout);
         Arc::new(Fanout {
             config,
             store,

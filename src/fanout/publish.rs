@@ -18,104 +18,10 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
 
-use super::{external, net};
+use super::external;
 use crate::http::AppState;
 use crate::ingest::{parse_body, Format};
-
-/// One link of a `Link` header (RFC 8288): its target, its rel values (lowercased) and the
-/// text it was written as.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LinkValue {
-    pub target: String,
-    pub rels: Vec<String>,
-    pub raw: String,
-}
-
-impl LinkValue {
-    pub fn has_rel(&self, rel: &str) -> bool {
-        self.rels.iter().any(|r| r.eq_ignore_ascii_case(rel))
-    }
-}
-
-/// Splits `s` on `sep` outside `<…>` and quoted strings.
-fn split_outside(s: &str, sep: char) -> Vec<&str> {
-    let mut parts = Vec::new();
-    let (mut in_angle, mut in_quote, mut escaped) = (false, false, false);
-    let mut start = 0;
-    for (i, ch) in s.char_indices() {
-        if in_quote {
-            match ch {
-                _ if escaped => escaped = false,
-                '\\' => escaped = true,
-                '"' => in_quote = false,
-                _ => {}
-            }
-            continue;
-        }
-        match ch {
-            '"' if !in_angle => in_quote = true,
-            '<' => in_angle = true,
-            '>' => in_angle = false,
-            c if c == sep && !in_angle => {
-                parts.push(&s[start..i]);
-                start = i + c.len_utf8();
-            }
-            _ => {}
-        }
-    }
-    parts.push(&s[start..]);
-    parts
-}
-
-/// Parses one `Link` header value, which may hold several links. Accepts quoted and unquoted
-/// parameter values (`rel=self`, `rel="self"`, `rel="self hub"`); skips what it cannot read.
-pub fn parse_links(value: &str) -> Vec<LinkValue> {
-    let mut out = Vec::new();
-    for link in split_outside(value, ',') {
-        let raw = link.trim();
-        let mut parts = split_outside(raw, ';').into_iter();
-        let Some(target) = parts
-            .next()
-            .map(str::trim)
-            .and_then(|t| t.strip_prefix('<'))
-            .and_then(|t| t.strip_suffix('>'))
-        else {
-            continue;
-        };
-        let mut rels = Vec::new();
-        for param in parts {
-            let Some((name, value)) = param.split_once('=') else {
-                continue;
-            };
-            if !name.trim().eq_ignore_ascii_case("rel") {
-                continue;
-            }
-            let value = value.trim();
-            let value = value
-                .strip_prefix('"')
-                .and_then(|v| v.strip_suffix('"'))
-                .unwrap_or(value);
-            rels.extend(value.split_ascii_whitespace().map(str::to_ascii_lowercase));
-        }
-        out.push(LinkValue {
-            target: target.trim().to_string(),
-            rels,
-            raw: raw.to_string(),
-        });
-    }
-    out
-}
-
-/// True for the media types of a fat ping.
-pub fn is_xml(content_type: &str) -> bool {
-    let essence = content_type
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
-    matches!(essence.as_str(), "application/xml" | "text/xml")
-}
+use crate::net;
 
 fn refuse(status: StatusCode, reason: impl Into<String>) -> Response {
     (status, reason.into()).into_response()
@@ -190,11 +96,11 @@ pub fn ping(state: &AppState, body: &[u8]) -> Response {
 
 /// A fat ping: a Change List with `Link: <topic>; rel=self`.
 pub async fn fat_ping(state: &AppState, headers: &HeaderMap, body: Bytes) -> Response {
-    let links: Vec<LinkValue> = headers
+    let links: Vec<net::LinkValue> = headers
         .get_all(http::header::LINK)
         .iter()
         .filter_map(|v| v.to_str().ok())
-        .flat_map(parse_links)
+        .flat_map(net::parse_links)
         .collect();
     let Some(topic) = links.iter().find(|l| l.has_rel("self")).map(|l| &l.target) else {
         return refuse(
@@ -248,28 +154,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn link_headers_in_every_spelling() {
-        let l = parse_links("<http://t/x.xml>;rel=self, <http://h/hub>;rel=hub");
-        assert_eq!(l.len(), 2);
-        assert_eq!(l[0].target, "http://t/x.xml");
-        assert!(l[0].has_rel("self") && l[1].has_rel("hub"));
-        let l = parse_links(r#"<http://t/a,b>; rel="self hub"; title="x, y; z""#);
-        assert_eq!(l.len(), 1);
-        assert_eq!(l[0].target, "http://t/a,b");
-        assert!(l[0].has_rel("self") && l[0].has_rel("hub"));
-        let l = parse_links(r#"<http://t/p>; type="text/html"; REL="Alternate""#);
-        assert!(l[0].has_rel("alternate"));
-        assert!(parse_links("garbage, <>").iter().all(|l| l.rels.is_empty()));
-    }
-
-    #[test]
     fn ping_topic_names() {
         assert_eq!(
             ping_topics(b"hub.mode=publish&hub.url=http%3A%2F%2Fa%2F1&hub.topic=http%3A%2F%2Fa%2F2&hub.url="),
             vec!["http://a/1", "http://a/2"]
         );
-        assert!(is_xml("application/xml; charset=utf-8"));
-        assert!(is_xml("Text/XML"));
-        assert!(!is_xml("application/x-www-form-urlencoded"));
     }
 }

@@ -33,12 +33,7 @@ pub fn verify(header: &str, secret: &[u8], body: &[u8]) -> bool {
         return false;
     };
     let expected = signature(alg, secret, body);
-    expected.len() == header.len()
-        && expected
-            .bytes()
-            .zip(header.bytes())
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0
+    crate::auth::same_secret(expected.as_bytes(), header.as_bytes())
 }
 
 #[cfg(test)]

@@ -18,9 +18,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use time::OffsetDateTime;
 
-use super::{external, net, publish, signing::Algorithm, Fanout};
+use super::{external, publish, signing::Algorithm, Fanout};
 use crate::http::AppState;
 use crate::model::{subscription_id, Subscription};
+use crate::net;
 
 /// `hub.secret` must be shorter than this (WebSub §5.1).
 pub const MAX_SECRET_BYTES: usize = 200;
@@ -144,7 +145,7 @@ pub async fn hub(State(state): State<AppState>, headers: HeaderMap, body: Bytes)
         .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("application/x-www-form-urlencoded");
-    if publish::is_xml(content_type) {
+    if net::media::is_xml(content_type) {
         return publish::fat_ping(&state, &headers, body).await;
     }
     if !content_type

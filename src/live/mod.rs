@@ -27,24 +27,15 @@ use crate::http::{ApiError, AppState};
 pub fn read_allowed(channel: &ChannelConfig, token: Option<&str>) -> bool {
     match &channel.read_token {
         None => true,
-        Some(expected) => token.is_some_and(|t| {
-            t.len() == expected.len()
-                && t.bytes()
-                    .zip(expected.bytes())
-                    .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-                    == 0
-        }),
+        Some(expected) => {
+            token.is_some_and(|t| crate::auth::same_secret(t.as_bytes(), expected.as_bytes()))
+        }
     }
 }
 
 /// The read token of a request: `Authorization: Bearer …` or `?token=`.
 pub fn request_token<'a>(headers: &'a HeaderMap, query: Option<&'a str>) -> Option<&'a str> {
-    headers
-        .get(http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim)
-        .or(query)
+    crate::auth::bearer(headers).ok().flatten().or(query)
 }
 
 #[derive(Serialize)]
@@ -66,7 +57,7 @@ pub async fn channels(
         let head = state.store.head(name).await?;
         out.push(ChannelSummary {
             name: name.clone(),
-            topic: state.config.topic_url(name),
+            topic: state.config.urls.topic(name),
             private: state
                 .config
                 .channels

@@ -84,8 +84,9 @@ impl Resolve for PublicOnlyResolver {
     }
 }
 
-/// The client used for every outbound request of the hub.
-pub fn client(allow_private: bool, timeout: Duration) -> reqwest::Client {
+/// The client used for every outbound request of the hub: built once at start-up and shared
+/// by verification, delivery and external-topic fetches (one connection pool).
+pub fn outbound_client(allow_private: bool, timeout: Duration) -> reqwest::Client {
     let mut builder = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .timeout(timeout)
@@ -145,7 +146,10 @@ mod tests {
         let app = axum::Router::new().route("/cb", axum::routing::get(|| async { "ok" }));
         tokio::spawn(async move { axum::serve(listener, app).await });
         let url = format!("http://localhost:{port}/cb");
-        let refused = client(false, Duration::from_secs(5)).get(&url).send().await;
+        let refused = outbound_client(false, Duration::from_secs(5))
+            .get(&url)
+            .send()
+            .await;
         let err = refused.expect_err("localhost must be refused");
         let mut chain = err.to_string();
         let mut source = std::error::Error::source(&err);
@@ -154,7 +158,10 @@ mod tests {
             source = inner.source();
         }
         assert!(chain.contains("no public address"), "{chain}");
-        let allowed = client(true, Duration::from_secs(5)).get(&url).send().await;
+        let allowed = outbound_client(true, Duration::from_secs(5))
+            .get(&url)
+            .send()
+            .await;
         assert_eq!(allowed.unwrap().status(), 200);
     }
 }

@@ -1,13 +1,59 @@
-//! The retry schedule of a failing delivery, as pure functions of the attempt count so that a
-//! restarted hub continues the same schedule from the persisted [`PendingDelivery`].
+//! Retrying, in one place.
 //!
-//! Delay before retry `n` (1-based): `initial × 2^(n-1)`, capped at `max`, with ±20% jitter.
-//! A `Retry-After` from the subscriber replaces the computed delay (capped at `max`).
+//! - Deliveries (and external-topic content) follow a schedule that is a pure function of the
+//!   attempt count ([`backoff`], [`next_delay`]), so that a restarted hub continues the same
+//!   schedule from the persisted [`PendingDelivery`]. Delay before retry `n` (1-based):
+//!   `initial × 2^(n-1)`, capped at `max`, with ±20% jitter; a `Retry-After` from the
+//!   subscriber replaces the computed delay (capped at `max`).
+//! - Reconnection loops (the Redis event listener, `changehub tail`) use [`Reconnect`]: an
+//!   exponential schedule from the `backon` crate that starts over after a success.
 //!
 //! [`PendingDelivery`]: crate::model::PendingDelivery
 
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use rand::Rng;
 use std::time::{Duration, SystemTime};
+
+/// The delays of a reconnection loop: `first`, doubling up to `max`, again from `first` after
+/// [`Reconnect::reset`]. Never runs out.
+#[derive(Debug)]
+pub struct Reconnect {
+    builder: ExponentialBuilder,
+    delays: ExponentialBackoff,
+}
+
+impl Reconnect {
+    pub fn new(first: Duration, max: Duration) -> Reconnect {
+        let builder = ExponentialBuilder::new()
+            .with_min_delay(first)
+            .with_max_delay(max)
+            .with_factor(2.0)
+            .without_max_times();
+        Reconnect {
+            builder,
+            delays: builder.build(),
+        }
+    }
+
+    /// The delay before the next attempt.
+    pub fn delay(&mut self) -> Duration {
+        self.delays.next().unwrap_or(Duration::ZERO)
+    }
+
+    /// After a success: the next delay is `first` again.
+    pub fn reset(&mut self) {
+        self.delays = self.builder.build();
+    }
+
+    /// Sleeps the next delay; true when `stop` fired meanwhile.
+    pub async fn sleep_or_stop(&mut self, stop: &tokio_util::sync::CancellationToken) -> bool {
+        let delay = self.delay();
+        tokio::select! {
+            _ = stop.cancelled() => true,
+            _ = tokio::time::sleep(delay) => false,
+        }
+    }
+}
 
 /// Delay before retry number `attempts` (the count of failed attempts so far, ≥ 1).
 pub fn backoff(attempts: u32, initial: Duration, max: Duration) -> Duration {
@@ -56,6 +102,18 @@ mod tests {
             );
         }
         assert!(backoff(40, s(5), s(3600)) <= s(3600));
+    }
+
+    #[test]
+    fn reconnect_doubles_to_its_cap_and_starts_over() {
+        let mut r = Reconnect::new(Duration::from_millis(500), Duration::from_secs(10));
+        let delays: Vec<u64> = (0..8).map(|_| r.delay().as_millis() as u64).collect();
+        assert_eq!(
+            delays,
+            [500, 1000, 2000, 4000, 8000, 10_000, 10_000, 10_000]
+        );
+        r.reset();
+        assert_eq!(r.delay(), Duration::from_millis(500));
     }
 
     #[test]

@@ -13,9 +13,12 @@
 //! retrying cannot fix (`unknown_channel`, `unauthorized`, `bad_frame`) end the program with a
 //! non-zero status; Ctrl-C (or SIGTERM) ends it with 0.
 //!
-//! This is the binary's own module: the library knows nothing of it.
+//! The server knows nothing of this module.
 
 use anyhow::{bail, Context};
+
+use super::conn::{connect_ws, ws_endpoint, WsConnectError};
+use crate::retry::Reconnect;
 use futures_util::{SinkExt, StreamExt};
 use serde::Deserialize;
 use std::future::Future;
@@ -23,14 +26,12 @@ use std::io::Write;
 use std::time::Duration;
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
-use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+use tokio_tungstenite::tungstenite::Message;
 
 /// First delay before reconnecting.
 const BACKOFF_FIRST: Duration = Duration::from_millis(500);
 /// Longest delay before reconnecting.
 const BACKOFF_MAX: Duration = Duration::from_secs(10);
-/// How long the websocket handshake may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Interval of our own pings (the hub pings too, every `--ws-ping`, default 30 s).
 const PING_EVERY: Duration = Duration::from_secs(20);
 /// A connection that delivers nothing at all (not even a pong) for this long is dead.
@@ -62,7 +63,7 @@ pub struct TailArgs {
 pub async fn run(args: TailArgs, stop: impl Future<Output = ()>) -> anyhow::Result<()> {
     let endpoint = ws_endpoint(&args.url)?;
     anyhow::ensure!(
-        changehub::model::valid_channel_name(&args.channel),
+        crate::model::valid_channel_name(&args.channel),
         "{:?} is not a channel name ([a-z0-9][a-z0-9._-]{{0,63}})",
         args.channel
     );
@@ -86,54 +87,6 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
     })
 }
 
-/// The websocket endpoint of the hub at `base` (`http://host:port/prefix` →
-/// `ws://host:port/prefix/ws`).
-pub fn ws_endpoint(base: &str) -> anyhow::Result<url::Url> {
-    let mut url = url::Url::parse(base.trim()).with_context(|| format!("hub URL {base:?}"))?;
-    match url.scheme() {
-        "http" | "ws" => {}
-        "https" | "wss" => bail!(
-            "{base}: this build of changehub speaks plain ws:// only (no TLS); \
-             reach the hub over http:// (for example through a local tunnel or TLS terminator)"
-        ),
-        other => bail!("{base}: unsupported scheme {other:?} (use http://host:port)"),
-    }
-    anyhow::ensure!(url.host_str().is_some(), "{base}: no host");
-    url.set_scheme("ws")
-        .map_err(|()| anyhow::anyhow!("{base}: cannot use as a websocket URL"))?;
-    let path = format!("{}/ws", url.path().trim_end_matches('/'));
-    url.set_path(&path);
-    url.set_query(None);
-    url.set_fragment(None);
-    Ok(url)
-}
-
-/// Exponential backoff between reconnections.
-#[derive(Debug)]
-struct Backoff {
-    next: Duration,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Backoff {
-            next: BACKOFF_FIRST,
-        }
-    }
-}
-
-impl Backoff {
-    fn delay(&mut self) -> Duration {
-        let delay = self.next;
-        self.next = (self.next * 2).min(BACKOFF_MAX);
-        delay
-    }
-
-    fn reset(&mut self) {
-        self.next = BACKOFF_FIRST;
-    }
-}
-
 /// How one connection ended, when it was not a fatal error.
 #[derive(Debug, PartialEq)]
 enum Ended {
@@ -148,7 +101,7 @@ async fn follow_loop(
     token: Option<&str>,
     follow: &mut Follow,
 ) -> anyhow::Result<()> {
-    let mut backoff = Backoff::default();
+    let mut backoff = Reconnect::new(BACKOFF_FIRST, BACKOFF_MAX);
     let mut out = std::io::stdout();
     loop {
         match session(endpoint, token, follow, &mut backoff, &mut out).await? {
@@ -171,33 +124,20 @@ async fn session(
     endpoint: &url::Url,
     token: Option<&str>,
     follow: &mut Follow,
-    backoff: &mut Backoff,
+    backoff: &mut Reconnect,
     out: &mut impl Write,
 ) -> anyhow::Result<Ended> {
-    let connect = tokio_tungstenite::connect_async(endpoint.as_str());
-    let mut ws = match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
-        Err(_) => {
-            return Ok(Ended::Lost(format!(
-                "no websocket handshake with {endpoint} within {}s",
-                CONNECT_TIMEOUT.as_secs()
-            )))
-        }
-        Ok(Err(WsError::Http(response))) => {
-            let status = response.status();
-            let body = response
-                .body()
-                .as_deref()
-                .map(String::from_utf8_lossy)
-                .unwrap_or_default();
-            let answer = format!("{endpoint} answered {status}: {}", body.trim());
-            // Too many connections and server errors pass; anything else will not.
-            if status.as_u16() == 429 || status.is_server_error() {
-                return Ok(Ended::Lost(answer));
+    let mut ws = match connect_ws(endpoint).await {
+        Ok(ws) => ws,
+        Err(e) => {
+            // Too many connections and server errors pass; any other refusal will not.
+            let fatal = matches!(&e, WsConnectError::Refused { status, .. }
+                if !(status.as_u16() == 429 || status.is_server_error()));
+            if fatal {
+                bail!("{e} (is {endpoint} a changehub hub?)");
             }
-            bail!("{answer} (is {endpoint} a changehub hub?)");
+            return Ok(Ended::Lost(e.to_string()));
         }
-        Ok(Err(e)) => return Ok(Ended::Lost(format!("cannot connect to {endpoint}: {e}"))),
-        Ok(Ok((ws, _response))) => ws,
     };
     if let Err(e) = ws.send(Message::text(follow.subscribe_frame(token))).await {
         return Ok(Ended::Lost(format!("cannot subscribe: {e}")));
@@ -461,36 +401,6 @@ impl Follow {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn endpoints() {
-        let ws = |s: &str| ws_endpoint(s).map(|u| u.to_string());
-        assert_eq!(
-            ws("http://127.0.0.1:8080").unwrap(),
-            "ws://127.0.0.1:8080/ws"
-        );
-        assert_eq!(
-            ws("http://hub.example.org/changehub/?x=1").unwrap(),
-            "ws://hub.example.org/changehub/ws"
-        );
-        assert_eq!(ws("ws://[::1]:9000/").unwrap(), "ws://[::1]:9000/ws");
-        let tls = ws("https://hub.example.org").unwrap_err().to_string();
-        assert!(tls.contains("TLS"), "{tls}");
-        assert!(ws("ftp://hub.example.org").is_err());
-        assert!(ws("127.0.0.1:8080").is_err());
-    }
-
-    #[test]
-    fn backoff_doubles_to_ten_seconds_and_resets() {
-        let mut b = Backoff::default();
-        let delays: Vec<u64> = (0..8).map(|_| b.delay().as_millis() as u64).collect();
-        assert_eq!(
-            delays,
-            [500, 1000, 2000, 4000, 8000, 10_000, 10_000, 10_000]
-        );
-        b.reset();
-        assert_eq!(b.delay(), Duration::from_millis(500));
-    }
 
     fn notification(seqs: std::ops::RangeInclusive<u64>) -> String {
         let changes: Vec<_> = seqs

@@ -1,0 +1,13 @@
+//! The client side: commands that talk to a running hub over HTTP and websockets, as a
+//! source or a destination would. Each command is a module with its flags (`clap::Args`) and
+//! a `run`; `main.rs` only dispatches to them. They share [`conn`].
+//!
+//! - [`tail`]: `changehub tail`, follows a channel over the websocket from a cursor.
+//! - [`healthcheck`]: `changehub healthcheck`, exit status from the hub's `/readyz`.
+//!
+//! Nothing here is used by the server, and nothing here uses the server's modules beyond the
+//! shared model ([`crate::model`]) and retry helper ([`crate::retry`]).
+
+pub mod conn;
+pub mod healthcheck;
+pub mod tail;

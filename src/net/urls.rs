@@ -1,0 +1,111 @@
+//! Every URL the hub publishes, built in one place from its public URL (with `url::Url`, so
+//! that a public URL with a path prefix works the same as a bare host).
+
+use url::Url;
+
+/// The hub's published URLs. Channel names need no escaping (`[a-z0-9._-]`, or an external
+/// topic's internal `_ext-…` name).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Urls {
+    base: Url,
+}
+
+impl Urls {
+    /// From the public URL (`http(s)://host[:port][/prefix]`, no query).
+    pub fn new(public_url: &str) -> Result<Urls, url::ParseError> {
+        let mut base = Url::parse(public_url)?;
+        base.set_fragment(None);
+        Ok(Urls { base })
+    }
+
+    /// The public URL, without a trailing slash.
+    pub fn public(&self) -> &str {
+        self.base.as_str().trim_end_matches('/')
+    }
+
+    fn at(&self, segments: &[&str]) -> Url {
+        let mut url = self.base.clone();
+        if let Ok(mut path) = url.path_segments_mut() {
+            path.pop_if_empty().extend(segments);
+        }
+        url
+    }
+
+    /// `POST` here to subscribe, unsubscribe and publish.
+    pub fn hub(&self) -> String {
+        self.at(&["hub"]).into()
+    }
+
+    /// The topic URL of a channel, which is also its catch-up Change List.
+    pub fn topic(&self, channel: &str) -> String {
+        self.at(&["channels", channel, "changelist.xml"]).into()
+    }
+
+    pub fn capability_list(&self, channel: &str) -> String {
+        self.at(&["channels", channel, "capabilitylist.xml"]).into()
+    }
+
+    pub fn source_description(&self) -> String {
+        self.at(&[".well-known", "resourcesync"]).into()
+    }
+
+    /// A page of `changes?after=`.
+    pub fn changes_after(&self, channel: &str, after: u64, limit: usize) -> String {
+        let mut url = self.at(&["channels", channel, "changes"]);
+        url.query_pairs_mut()
+            .append_pair("after", &after.to_string())
+            .append_pair("limit", &limit.to_string());
+        url.into()
+    }
+
+    /// The channel name in a topic URL of this hub, if `topic` is one.
+    pub fn channel_of_topic<'a>(&self, topic: &'a str) -> Option<&'a str> {
+        topic
+            .strip_prefix(self.public())?
+            .strip_prefix("/channels/")?
+            .strip_suffix("/changelist.xml")
+            .filter(|name| !name.contains('/'))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bare_host_and_path_prefix() {
+        let u = Urls::new("http://127.0.0.1:8080").unwrap();
+        assert_eq!(u.public(), "http://127.0.0.1:8080");
+        assert_eq!(u.hub(), "http://127.0.0.1:8080/hub");
+        assert_eq!(
+            u.topic("a"),
+            "http://127.0.0.1:8080/channels/a/changelist.xml"
+        );
+        assert_eq!(
+            u.changes_after("a", 5, 10),
+            "http://127.0.0.1:8080/channels/a/changes?after=5&limit=10"
+        );
+        assert_eq!(
+            u.source_description(),
+            "http://127.0.0.1:8080/.well-known/resourcesync"
+        );
+        let p = Urls::new("https://example.org/sync").unwrap();
+        assert_eq!(p.public(), "https://example.org/sync");
+        assert_eq!(
+            p.capability_list("news"),
+            "https://example.org/sync/channels/news/capabilitylist.xml"
+        );
+        assert_eq!(
+            p.channel_of_topic("https://example.org/sync/channels/news/changelist.xml"),
+            Some("news")
+        );
+        assert_eq!(
+            p.channel_of_topic("https://example.org/channels/news/changelist.xml"),
+            None
+        );
+        assert_eq!(
+            p.channel_of_topic("https://example.org/sync/channels/a/b/changelist.xml"),
+            None
+        );
+    }
+}
