@@ -6,6 +6,8 @@
 //! content nor the length of the expected value leaks.
 
 use http::HeaderMap;
+
+use crate::config::ChannelConfig;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
@@ -48,6 +50,15 @@ pub fn check_bearer(headers: &HeaderMap, expected: &str) -> Result<(), AuthError
         Ok(())
     } else {
         Err(AuthError::Wrong)
+    }
+}
+
+/// True when `token` may read `channel` (public channels need none; private ones their read
+/// token).
+pub fn can_read(channel: &ChannelConfig, token: Option<&str>) -> bool {
+    match &channel.read_token {
+        None => true,
+        Some(expected) => token.is_some_and(|t| same_secret(t.as_bytes(), expected.as_bytes())),
     }
 }
 

@@ -57,6 +57,9 @@ pub fn capability_list_url(config: &Config, channel: &str) -> String {
     )
 }
 
+/// The feeds of the hosted channels, by name.
+pub type Feeds = Arc<std::collections::BTreeMap<String, Arc<ChannelFeed>>>;
+
 /// What a channel has published so far.
 pub struct ChannelFeed {
     pub name: String,

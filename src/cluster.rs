@@ -24,18 +24,19 @@
 //! - A taking-over owner's batcher goes on from what its feed had followed, so live
 //!   listeners see no gap; delivery workers go on from the stored cursors.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::broadcast::error::RecvError;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::batcher::{render_notification, Batcher, ChannelFeed};
+use crate::batcher::{render_notification, Batcher, ChannelFeed, Feeds};
 use crate::config::Config;
 use crate::fanout::Fanout;
+use crate::ownership::Ownership;
 use crate::store::{ClusterEvent, Store};
+use crate::work::Work;
 
 /// How long an ownership lease lasts without renewal: the longest a channel's delivery
 /// stalls when its owner dies.
@@ -51,37 +52,64 @@ pub struct Cluster {
     pub instance: String,
     store: Arc<dyn Store>,
     config: Arc<Config>,
-    feeds: Arc<BTreeMap<String, Arc<ChannelFeed>>>,
     fanout: Arc<Fanout>,
+    /// Which channels this instance owns (shared with the fan-out, which delivers only those).
+    ownership: Arc<Ownership>,
+    /// Every channel with a role task: hosted ones, and external topics' internal channels.
+    channels: Mutex<Vec<String>>,
+    /// Role tasks run on the batchers' tracker and stop with their token (an owner flushes
+    /// its batcher first).
+    work: Work,
     /// The tasks keeping leases, and their stop (cancelled by `release_all`).
     leases: TaskTracker,
     released: CancellationToken,
 }
 
 impl Cluster {
+    /// `ownership` must be [`Ownership::leased`]: the cluster takes and releases channels in it.
     pub fn new(
         store: Arc<dyn Store>,
         config: Arc<Config>,
-        feeds: Arc<BTreeMap<String, Arc<ChannelFeed>>>,
         fanout: Arc<Fanout>,
+        ownership: Arc<Ownership>,
+        work: &Work,
     ) -> Arc<Cluster> {
         let instance = format!("{}-{:016x}", std::process::id(), rand::random::<u64>());
-        fanout.deliver_owned_only();
         Arc::new(Cluster {
             instance,
             store,
             config,
-            feeds,
             fanout,
+            ownership,
+            channels: Mutex::new(Vec::new()),
+            work: work.clone(),
             leases: TaskTracker::new(),
             released: CancellationToken::new(),
         })
     }
 
-    /// Starts the role task of every channel on `tasks`; they stop with `stop` (the batchers'
-    /// token: an owner flushes its batcher first).
-    pub async fn start(self: &Arc<Self>, tasks: &TaskTracker, stop: CancellationToken) {
-        for feed in self.feeds.values() {
+    /// Starts the role task of a channel whose feed is new (an external topic registered
+    /// while the hub runs); its starting point is already set.
+    pub fn add_channel(self: &Arc<Self>, feed: Arc<ChannelFeed>) {
+        self.remember(&feed.name);
+        let stop = self.work.batcher_stop.clone();
+        self.work
+            .batchers
+            .spawn(self.clone().run_channel(feed, true, stop));
+    }
+
+    fn remember(&self, channel: &str) {
+        let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
+        if !channels.iter().any(|c| c == channel) {
+            channels.push(channel.to_string());
+        }
+    }
+
+    /// Starts the role task of every hosted channel.
+    pub async fn start(self: &Arc<Self>, feeds: &Feeds) {
+        let (tasks, stop) = (&self.work.batchers, self.work.batcher_stop.clone());
+        for feed in feeds.values() {
+            self.remember(&feed.name);
             // What is durable already counts as published, as on a single instance.
             let started = match self.store.head(&feed.name).await {
                 Ok(head) => {
@@ -107,7 +135,12 @@ impl Cluster {
         self.leases.close();
         // No renewal may land after the release.
         let _ = tokio::time::timeout(LEASE_TTL, self.leases.wait()).await;
-        for channel in self.feeds.keys() {
+        let channels = self
+            .channels
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        for channel in &channels {
             if let Err(e) = self.store.release_lease(channel, &self.instance).await {
                 tracing::warn!(%channel, error = %e, "cannot release the ownership lease");
             }
@@ -172,7 +205,7 @@ impl Cluster {
             // Owner: batch, deliver, announce. The lease is kept by its own task, which stops
             // the workers itself the moment the lease is in doubt.
             tracing::info!(%channel, instance = %self.instance, published = feed.published_seq(), "owning channel");
-            self.fanout.own_channel(&channel);
+            self.ownership.take(&channel);
             let lost = CancellationToken::new();
             self.leases.spawn(
                 self.clone()

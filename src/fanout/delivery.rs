@@ -12,7 +12,7 @@
 //! - On shutdown (drain), a worker finishes delivering what is published, then stops when it
 //!   is caught up or has to wait for a retry.
 //! - Subscriptions to an external generic topic (see [`super::external`]) also follow the
-//!   topic's latest [`Content`](super::external::Content): once the log is caught up, a
+//!   topic's latest [`Content`](crate::external::Content): once the log is caught up, a
 //!   version newer than the last delivered one is POSTed with the topic's `Content-Type` and
 //!   links, retried like a notification (each retry sends the latest version). This state is
 //!   in memory only.
@@ -197,12 +197,12 @@ pub async fn run_worker(
         let range = match &state.pending {
             Some(p) if p.next_attempt_at > now => {
                 let wait = to_std(p.next_attempt_at - now).min(until_expiry);
-                if fanout.drain.is_cancelled() {
+                if fanout.work.drain.is_cancelled() {
                     return; // shutting down: the retry waits for the next start
                 }
                 tokio::select! {
                     _ = cancel.cancelled() => return,
-                    _ = fanout.drain.cancelled() => {}
+                    _ = fanout.work.drain.cancelled() => {}
                     _ = sub_rx.changed() => {}
                     _ = tokio::time::sleep(wait) => {}
                 }
@@ -249,12 +249,12 @@ pub async fn run_worker(
                             }
                         }
                     }
-                    if fanout.drain.is_cancelled() {
+                    if fanout.work.drain.is_cancelled() {
                         return; // shutting down and caught up
                     }
                     tokio::select! {
                         _ = cancel.cancelled() => return,
-                        _ = fanout.drain.cancelled() => {}
+                        _ = fanout.work.drain.cancelled() => {}
                         _ = sub_rx.changed() => {}
                         changed = published_rx.changed() => if changed.is_err() { return },
                         changed = content_changed(&mut content_rx) => if changed.is_err() { content_rx = None },
@@ -427,7 +427,7 @@ impl GenericState {
             &sub.id,
             self.pending
                 .as_ref()
-                .map(|r| super::external::ContentRetry {
+                .map(|r| crate::external::ContentRetry {
                     version,
                     attempts: r.attempts,
                     next_attempt_at: r.next_attempt_at,
@@ -437,7 +437,7 @@ impl GenericState {
     }
 }
 
-type ContentRx = watch::Receiver<Option<Arc<super::external::Content>>>;
+type ContentRx = watch::Receiver<Option<Arc<crate::external::Content>>>;
 
 /// Waits for new content; never returns when there is no content to follow.
 async fn content_changed(rx: &mut Option<ContentRx>) -> Result<(), watch::error::RecvError> {

@@ -15,21 +15,21 @@
 //! new lease) to the running worker, and stops the worker when the subscription ends.
 
 pub mod delivery;
-pub mod external;
-pub mod publish;
 pub mod signing;
 pub mod websub;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
-use crate::batcher::ChannelFeed;
+use crate::batcher::{ChannelFeed, Feeds};
 use crate::config::Config;
+use crate::external::External;
 use crate::model::{DeliveryState, Subscription};
+use crate::ownership::Ownership;
 use crate::store::{ClusterEvent, Store, StoreError};
+use crate::work::Work;
 
 struct Handle {
     generation: u64,
@@ -41,62 +41,38 @@ struct Handle {
 pub struct Fanout {
     pub config: Arc<Config>,
     pub store: Arc<dyn Store>,
-    pub feeds: Arc<BTreeMap<String, Arc<ChannelFeed>>>,
+    pub feeds: Feeds,
     pub client: reqwest::Client,
-    pub external: Arc<external::External>,
-    tasks: TaskTracker,
-    cancel: CancellationToken,
-    /// Set on shutdown: workers stop once they have nothing left to deliver now.
-    drain: CancellationToken,
+    pub external: Arc<External>,
+    work: Work,
     live: Mutex<(u64, HashMap<String, Handle>)>,
-    /// The channels whose subscriptions this instance delivers: `None` for all of them (one
-    /// instance on its own store); on a shared store, the channels whose ownership lease this
-    /// instance holds (see [`crate::cluster`]).
-    owned: Mutex<Option<HashSet<String>>>,
+    /// The channels whose subscriptions this instance delivers (written by the cluster).
+    ownership: Arc<Ownership>,
+}
+
+/// What a [`Fanout`] is built from.
+pub struct FanoutParts {
+    pub config: Arc<Config>,
+    pub store: Arc<dyn Store>,
+    pub feeds: Feeds,
+    pub external: Arc<External>,
+    pub client: reqwest::Client,
+    pub ownership: Arc<Ownership>,
+    pub work: Work,
 }
 
 impl Fanout {
-    pub fn new(
-        config: Arc<Config>,
-        store: Arc<dyn Store>,
-        feeds: Arc<BTreeMap<String, Arc<ChannelFeed>>>,
-        external: Arc<external::External>,
-        client: reqwest::Client,
-        tasks: TaskTracker,
-        cancel: CancellationToken,
-        drain: CancellationToken,
-    ) -> Arc<Fanout> {
+    pub fn new(parts: FanoutParts) -> Arc<Fanout> {
         Arc::new(Fanout {
-            config,
-            store,
-            feeds,
-            client,
-            external,
-            tasks,
-            cancel,
-            drain,
+            config: parts.config,
+            store: parts.store,
+            feeds: parts.feeds,
+            client: parts.client,
+            external: parts.external,
+            work: parts.work,
             live: Mutex::new((0, HashMap::new())),
-            owned: Mutex::new(None),
+            ownership: parts.ownership,
         })
-    }
-
-    /// From now on, deliver only the channels taken with [`Fanout::take_channel`].
-    pub fn deliver_owned_only(&self) {
-        *self.owned.lock().unwrap_or_else(|e| e.into_inner()) = Some(HashSet::new());
-    }
-
-    fn owns(&self, channel: &str) -> bool {
-        match &*self.owned.lock().unwrap_or_else(|e| e.into_inner()) {
-            None => true,
-            Some(set) => set.contains(channel),
-        }
-    }
-
-    /// This instance now owns `channel` (its workers start with [`Fanout::take_channel`]).
-    pub fn own_channel(&self, channel: &str) {
-        if let Some(set) = &mut *self.owned.lock().unwrap_or_else(|e| e.into_inner()) {
-            set.insert(channel.to_string());
-        }
     }
 
     /// For an owned `channel`: runs a worker for each of its stored subscriptions, and
@@ -129,10 +105,7 @@ impl Fanout {
 
     /// This instance no longer owns `channel`: stops the workers of its subscriptions.
     pub fn drop_channel(&self, channel: &str) {
-        let mut owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(set) = &mut *owned {
-            set.remove(channel);
-        }
+        self.ownership.release(channel);
         let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
         live.1.retain(|_, h| {
             let mine = h.sub.borrow().channel == channel;
@@ -152,7 +125,7 @@ impl Fanout {
             .into_iter()
             .find(|s| s.id == id);
         match sub {
-            Some(sub) if self.owns(&sub.channel) => self.refresh(sub).await,
+            Some(sub) if self.ownership.owns(&sub.channel) => self.refresh(sub).await,
             Some(_) => Ok(()),
             None => {
                 let handle = {
@@ -211,12 +184,6 @@ impl Fanout {
         let subs = self.store.subscriptions().await?;
         let mut started = 0;
         for sub in subs {
-            if sub.channel.starts_with(external::CHANNEL_PREFIX)
-                && sub.channel == external::channel_name(&sub.topic)
-                && external::is_allowed(&self.config, &sub.topic)
-            {
-                self.external.ensure(&sub.topic);
-            }
             if self.feed(&sub.channel).is_none() {
                 tracing::warn!(channel = %sub.channel, callback = %sub.callback,
                     "subscription to a channel that is no longer configured; keeping it idle");
@@ -349,42 +316,45 @@ impl Fanout {
         live.1.values().map(|h| h.sub.borrow().clone()).collect()
     }
 
+    /// Starts (or replaces) the worker of `sub`, where this instance delivers its channel.
     fn spawn(self: &Arc<Self>, sub: Subscription, state: DeliveryState) {
-        // Held until the worker is registered, so that `drop_channel` cannot slip in between
-        // (lock order: `owned`, then `live`).
-        let owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
-        if owned
-            .as_ref()
-            .is_some_and(|set| !set.contains(&sub.channel))
-        {
+        if !self.ownership.owns(&sub.channel) {
             return;
         }
-        let cancel = self.cancel.child_token();
+        let cancel = self.work.cancel.child_token();
         // Content fetched before the subscription is not delivered to it.
         let content_version = self
             .external
             .by_channel(&sub.channel)
             .map_or(0, |t| t.content_version());
-        let (tx, rx) = watch::channel(Arc::new(sub.clone()));
+        let (id, channel) = (sub.id.clone(), sub.channel.clone());
+        let (tx, rx) = watch::channel(Arc::new(sub));
         let generation = {
             let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
             live.0 += 1;
             let generation = live.0;
-            if let Some(old) = live.1.insert(
-                sub.id.clone(),
-                Handle {
-                    generation,
-                    sub: tx,
-                    cancel: cancel.clone(),
-                },
-            ) {
+            let handle = Handle {
+                generation,
+                sub: tx,
+                cancel: cancel.clone(),
+            };
+            if let Some(old) = live.1.insert(id.clone(), handle) {
                 old.cancel.cancel();
             }
             generation
         };
-        drop(owned);
+        // `drop_channel` releases ownership first and then stops the registered workers: if it
+        // ran between the check above and the registration, this worker must not run.
+        if !self.ownership.owns(&channel) {
+            cancel.cancel();
+            let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+            if live.1.get(&id).is_some_and(|h| h.generation == generation) {
+                live.1.remove(&id);
+            }
+            return;
+        }
         let fanout = self.clone();
-        self.tasks.spawn(async move {
+        self.work.tasks.spawn(async move {
             delivery::run_worker(fanout, rx, state, cancel, generation, content_version).await;
         });
     }

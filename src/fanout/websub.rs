@@ -1,7 +1,7 @@
-//! `POST /hub` (also `POST /publish`): WebSub subscription requests; publish pings and fat
-//! pings are handed to [`super::publish`].
+//! WebSub subscription requests (`POST /hub`; the HTTP side is `crate::http::websub`).
 //!
-//! The handler checks the request, answers 202 and leaves the rest to a background task: it
+//! [`parse_request`] checks a request; the caller answers 202 and runs [`process`] in the
+//! background: it
 //! validates the topic (a channel's topic, or an external topic under an
 //! `--allow-external-topics` prefix; anything else is denied with `hub.mode=denied` and a
 //! `hub.reason`), then verifies the
@@ -9,18 +9,15 @@
 //! own query string kept), and only when the callback answers 2xx with exactly the challenge
 //! does the subscription change. A failed verification leaves everything as it was.
 
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
+use http::StatusCode;
 use rand::RngCore;
 use std::sync::Arc;
 use std::time::Duration;
 use time::OffsetDateTime;
 
-use super::{external, publish, signing::Algorithm, Fanout};
-use crate::http::AppState;
-use crate::model::{subscription_id, Subscription};
+use super::Fanout;
+use crate::external::{self, External};
+use crate::model::{subscription_id, Algorithm, Subscription};
 use crate::net;
 
 /// `hub.secret` must be shorter than this (WebSub §5.1).
@@ -56,7 +53,7 @@ pub struct Request {
 }
 
 /// A refused request: the status and a plain-text reason.
-pub type Refusal = (StatusCode, String);
+pub use crate::external::publish::Refusal;
 
 fn bad(reason: impl Into<String>) -> Refusal {
     (StatusCode::BAD_REQUEST, reason.into())
@@ -139,41 +136,8 @@ pub fn parse_request(body: &[u8], allow_private: bool) -> Result<Request, Refusa
     })
 }
 
-/// `POST /hub`.
-pub async fn hub(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
-    let content_type = headers
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("application/x-www-form-urlencoded");
-    if net::media::is_xml(content_type) {
-        return publish::fat_ping(&state, &headers, body).await;
-    }
-    if !content_type
-        .to_ascii_lowercase()
-        .starts_with("application/x-www-form-urlencoded")
-    {
-        return (
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "WebSub requests are application/x-www-form-urlencoded",
-        )
-            .into_response();
-    }
-    if form_urlencoded::parse(&body).any(|(k, v)| k == "hub.mode" && v == "publish") {
-        return publish::ping(&state, &body);
-    }
-    let request = match parse_request(&body, state.config.allow_private_callbacks) {
-        Ok(r) => r,
-        Err(refusal) => return refusal.into_response(),
-    };
-    let fanout = state.fanout.clone();
-    state.tasks.spawn(async move {
-        process(fanout, request).await;
-    });
-    StatusCode::ACCEPTED.into_response()
-}
-
 /// Validates, verifies and applies one request (in the background).
-async fn process(fanout: Arc<Fanout>, request: Request) {
+pub async fn process(fanout: Arc<Fanout>, external: Arc<External>, request: Request) {
     let config = &fanout.config;
     let (channel, is_external) = if let Some(ch) = config.channel_for_topic(&request.topic) {
         if ch.read_token.is_some() && request.mode == Mode::Subscribe {
@@ -221,7 +185,7 @@ async fn process(fanout: Arc<Fanout>, request: Request) {
     let result = match request.mode {
         Mode::Subscribe => {
             if is_external {
-                fanout.external.ensure(&request.topic);
+                external.ensure(&request.topic);
             }
             let sub = Subscription {
                 id,

@@ -457,8 +457,6 @@ struct Insides {
 
 impl Insides {
     async fn start(redis: &str) -> Insides {
-        use changehub::batcher::ChannelFeed;
-        use std::collections::BTreeMap;
         let store: Arc<dyn changehub::store::Store> =
             Arc::new(changehub::store::RedisStore::open(redis).unwrap());
         let mut config = changehub::config::Config::new(
@@ -468,35 +466,14 @@ impl Insides {
         .with_channel(CHANNEL, TOKEN);
         config.linger = Duration::from_millis(20);
         config.max_batch = 7;
-        let config = Arc::new(config);
-        let feed = Arc::new(ChannelFeed::new(CHANNEL));
-        let feeds = Arc::new(BTreeMap::from([(CHANNEL.to_string(), feed.clone())]));
-        let tasks = tokio_util::task::TaskTracker::new();
-        let stop = tokio_util::sync::CancellationToken::new();
-        let external = changehub::fanout::external::External::new(
-            config.clone(),
-            store.clone(),
-            tasks.clone(),
-            stop.clone(),
-            tasks.clone(),
-            stop.clone(),
-        );
-        let fanout = changehub::fanout::Fanout::new(
-            config.clone(),
-            store.clone(),
-            feeds.clone(),
-            external,
-            tasks.clone(),
-            stop.clone(),
-            stop.clone(),
-        );
-        let cluster = changehub::cluster::Cluster::new(store.clone(), config, feeds, fanout);
-        cluster.start(&tasks, stop.clone()).await;
+        let hub = changehub::Hub::start(Arc::new(config), store.clone())
+            .await
+            .unwrap();
         Insides {
             store,
-            feed,
-            cluster,
-            stop,
+            feed: hub.feeds[CHANNEL].clone(),
+            cluster: hub.cluster.clone().expect("a shared store has a cluster"),
+            stop: hub.work.batcher_stop.clone(),
         }
     }
 }

@@ -9,8 +9,8 @@
 
 use crate::common::*;
 use crate::topics::{Doc, TopicServer};
-use changehub::fanout::publish::parse_links;
 use changehub::fanout::signing;
+use changehub::net::parse_links;
 use reqwest::StatusCode;
 use std::time::Duration;
 

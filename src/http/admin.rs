@@ -10,13 +10,13 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
-use crate::http::{ApiError, AppState};
-use crate::ingest::check_bearer;
+use super::{ApiError, AppState};
+use crate::external::{self, ContentRetry};
 use crate::model::PendingDelivery;
 
 fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     match &state.config.admin_token {
-        Some(token) => check_bearer(headers, token, "the admin API"),
+        Some(token) => ApiError::check_bearer(headers, token, "the admin API"),
         None => Err(ApiError::not_found(
             "the admin API is disabled; start the hub with --admin-token",
         )),
@@ -34,7 +34,7 @@ struct ChannelView {
     published: u64,
     /// External topics: what the last fetch found (`changelist`, `content`, `unknown`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    content: Option<crate::fanout::external::Kind>,
+    content: Option<external::Kind>,
     #[serde(skip_serializing_if = "Option::is_none")]
     content_version: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -71,7 +71,7 @@ pub async fn channels(
             last_fetch_error: None,
         });
     }
-    for topic in state.fanout.external.topics() {
+    for topic in state.external.topics() {
         let head = state.store.head(&topic.channel).await?;
         let status = topic.status();
         out.push(ChannelView {
@@ -110,7 +110,7 @@ struct SubscriptionView {
     lag: u64,
     pending: Option<PendingDelivery>,
     /// External generic topics: the content delivery being retried.
-    pending_content: Option<crate::fanout::external::ContentRetry>,
+    pending_content: Option<ContentRetry>,
     #[serde(with = "time::serde::rfc3339::option")]
     last_success: Option<OffsetDateTime>,
     last_error: Option<String>,
@@ -148,9 +148,7 @@ pub async fn subscriptions(
             channel: sub.channel.clone(),
             topic: sub.topic.clone(),
             callback: sub.callback.clone(),
-            external: sub
-                .channel
-                .starts_with(crate::fanout::external::CHANNEL_PREFIX),
+            external: sub.channel.starts_with(external::CHANNEL_PREFIX),
             verified: true,
             has_secret: sub.secret.is_some(),
             algorithm: sub.algorithm.to_string(),
@@ -159,7 +157,7 @@ pub async fn subscriptions(
             cursor: delivery.cursor,
             lag: published.saturating_sub(delivery.cursor),
             pending: delivery.pending,
-            pending_content: state.fanout.external.retry(&sub.id),
+            pending_content: state.external.retry(&sub.id),
             last_success: delivery.last_success,
             last_error: delivery.last_error,
         });

@@ -33,11 +33,10 @@
 
 use bytes::Bytes;
 use std::collections::{HashMap, HashSet};
+use std::sync::OnceLock;
 use std::sync::{Arc, Mutex};
 use time::OffsetDateTime;
-use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
+use tokio::sync::{broadcast, watch};
 
 use crate::batcher::{Batcher, ChannelFeed};
 use crate::config::Config;
@@ -45,7 +44,8 @@ use crate::model::Retention;
 use crate::model::{format_datetime, NewChange};
 use crate::net;
 use crate::resourcesync::{self, Document, Limits, ParseError};
-use crate::store::{Store, StoreError};
+use crate::store::{ClusterEvent, Store, StoreError};
+use crate::work::Work;
 
 /// Largest topic body fetched.
 pub const MAX_FETCH_BYTES: usize = 8 << 20;
@@ -60,6 +60,8 @@ const RETENTION: Retention = Retention {
 };
 /// Prefix of internal channel names of external topics (not a valid `--channel` name).
 pub const CHANNEL_PREFIX: &str = "_ext-";
+
+pub mod publish;
 
 /// The internal channel of an external topic URL.
 pub fn channel_name(topic: &str) -> String {
@@ -176,21 +178,21 @@ pub struct External {
     client: reqwest::Client,
     topics: Mutex<HashMap<String, Arc<Topic>>>,
     retries: Mutex<HashMap<String, ContentRetry>>,
-    batchers: TaskTracker,
-    batcher_cancel: CancellationToken,
-    tasks: TaskTracker,
-    cancel: CancellationToken,
+    work: Work,
+    /// Starts the batching of a new internal channel on a shared store (the cluster's role
+    /// task); unset on a store of one instance, where the batcher runs here.
+    starter: OnceLock<ChannelStarter>,
 }
+
+/// Hands a new internal channel's feed to whoever batches it.
+pub type ChannelStarter = Box<dyn Fn(Arc<ChannelFeed>) + Send + Sync>;
 
 impl External {
     pub fn new(
         config: Arc<Config>,
         store: Arc<dyn Store>,
         client: reqwest::Client,
-        batchers: TaskTracker,
-        batcher_cancel: CancellationToken,
-        tasks: TaskTracker,
-        cancel: CancellationToken,
+        work: &Work,
     ) -> Arc<External> {
         Arc::new(External {
             config,
@@ -198,11 +200,61 @@ impl External {
             client,
             topics: Mutex::new(HashMap::new()),
             retries: Mutex::new(HashMap::new()),
-            batchers,
-            batcher_cancel,
-            tasks,
-            cancel,
+            work: work.clone(),
+            starter: OnceLock::new(),
         })
+    }
+
+    /// On a shared store: new internal channels are batched through `starter` (the cluster),
+    /// so that one instance at a time owns each, as for hosted channels.
+    pub fn set_channel_starter(&self, starter: ChannelStarter) {
+        let _ = self.starter.set(starter);
+    }
+
+    /// Registers the topics of stored subscriptions to external topics (at start-up, and
+    /// when another instance verified one): their internal channels are batched and served
+    /// again. Subscriptions of topics no longer allowed stay idle.
+    pub async fn register_subscribed(&self) -> Result<usize, StoreError> {
+        let mut n = 0;
+        for sub in self.store.subscriptions().await? {
+            if sub.channel.starts_with(CHANNEL_PREFIX)
+                && sub.channel == channel_name(&sub.topic)
+                && is_allowed(&self.config, &sub.topic)
+                && self.by_channel(&sub.channel).is_none()
+            {
+                self.ensure(&sub.topic);
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    /// On a shared store: follows the subscriptions other instances verify, so that every
+    /// instance knows every external topic (to serve its documents, and to take its channel
+    /// over). Runs until the hub stops.
+    pub async fn follow_other_instances(self: Arc<Self>) {
+        let Some(mut events) = self.store.events() else {
+            return;
+        };
+        let stop = self.work.batcher_stop.clone();
+        loop {
+            let event = tokio::select! {
+                _ = stop.cancelled() => return,
+                e = events.recv() => e,
+            };
+            match event {
+                Ok(ClusterEvent::Subscription { channel, .. })
+                    if channel.starts_with(CHANNEL_PREFIX)
+                        && self.by_channel(&channel).is_none() =>
+                {
+                    if let Err(e) = self.register_subscribed().await {
+                        tracing::warn!(%channel, error = %e, "cannot load the subscriptions of an external topic");
+                    }
+                }
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                Err(broadcast::error::RecvError::Closed) => return,
+            }
+        }
     }
 
     /// The topic of an internal channel name, if known.
@@ -247,10 +299,18 @@ impl External {
             return t.clone();
         }
         let feed = Arc::new(ChannelFeed::new(&channel));
-        // The batcher sets the feed's starting point before it is shared.
-        let batcher = Batcher::new(feed.clone(), self.store.clone(), self.config.clone());
-        self.batchers
-            .spawn(batcher.run(self.batcher_cancel.clone()));
+        // What is durable already counts as published, before the feed is shared.
+        feed.start_at(*self.store.watch_head(&channel).borrow());
+        match self.starter.get() {
+            Some(start) => start(feed.clone()),
+            None => {
+                let batcher =
+                    Batcher::continuing(feed.clone(), self.store.clone(), self.config.clone());
+                self.work
+                    .batchers
+                    .spawn(batcher.run(self.work.batcher_stop.clone()));
+            }
+        }
         let topic = Arc::new(Topic {
             url: url.to_string(),
             channel: channel.clone(),
@@ -266,6 +326,18 @@ impl External {
         topic
     }
 
+    /// A publish ping for the topic at `url`: fetched in the background when somebody
+    /// subscribes to it (a topic nobody subscribes to has nothing to distribute).
+    pub fn ping_url(self: &Arc<Self>, url: &str) {
+        match self.by_url(url) {
+            Some(topic) => {
+                tracing::debug!(topic = %url, "publish ping: fetching");
+                self.ping(topic);
+            }
+            None => tracing::debug!(topic = %url, "publish ping for a topic without subscribers"),
+        }
+    }
+
     /// A publish ping: fetch the topic in the background, unless a fetch is already running,
     /// in which case one more fetch follows it. Never waits.
     pub fn ping(self: &Arc<Self>, topic: Arc<Topic>) {
@@ -278,8 +350,8 @@ impl External {
             gate.running = true;
         }
         let this = self.clone();
-        let cancel = self.cancel.clone();
-        self.tasks.spawn(async move {
+        let cancel = self.work.cancel.clone();
+        self.work.tasks.spawn(async move {
             loop {
                 tokio::select! {
                     _ = cancel.cancelled() => return,

@@ -25,9 +25,10 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::follow::{Event, Follower};
-use super::{frames, read_allowed};
-use crate::http::AppState;
+use super::AppState;
+use crate::auth;
+use crate::live::follow::{Event, Follower};
+use crate::live::frames;
 use crate::model::Notification;
 
 /// Close code for a client that cannot keep up.
@@ -365,7 +366,7 @@ impl Connection {
             ));
         };
         let token = token.as_deref().or(self.query_token.as_deref());
-        if !read_allowed(config, token) {
+        if !auth::can_read(config, token) {
             return self.reply(frames::error(
                 "unauthorized",
                 Some(&channel),

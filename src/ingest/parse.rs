@@ -1,28 +1,10 @@
-//! Ingest: `POST /channels/{name}/changes`, where sources push changes.
-//!
-//! The request is authenticated (bearer token of the channel) before its body is read, the
-//! body is read up to the configured limit, parsed as JSON (one change, an array, or
-//! `{"changes": […]}`), NDJSON or a ResourceSync Change List, and every change is validated.
-//! One bad change refuses the whole request (400 naming the change's index). Accepted changes
-//! are appended to the store and answered 202 only once durable. The batcher picks them up
-//! from the log; ingest never talks to subscribers.
+//! The ingest body formats: JSON (one change, an array, or `{"changes": […]}`), NDJSON and
+//! ResourceSync Change Lists, parsed and validated all or nothing.
 
-use axum::body::Body;
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::Json;
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
-use time::OffsetDateTime;
 
-use crate::http::{ApiError, AppState};
 use crate::model::{parse_w3c_datetime, ChangeType, Link, NewChange};
 use crate::resourcesync;
-use crate::store::{IdempotencyKey, StoreError};
-
-/// Longest `Idempotency-Key` accepted.
-pub const MAX_IDEMPOTENCY_KEY: usize = 255;
 
 /// A change on the wire (JSON and NDJSON). Unknown fields are refused so that typos surface.
 #[derive(Debug, Deserialize)]
@@ -208,105 +190,6 @@ pub fn parse_body(
         return Err(BodyError::whole("the body holds no changes"));
     }
     Ok(changes)
-}
-
-/// Checks `Authorization: Bearer <token>` against `token` (the channel's, or the admin
-/// token: `what` names it in the refusal), in constant time.
-pub fn check_bearer(headers: &HeaderMap, token: &str, what: &str) -> Result<(), ApiError> {
-    use crate::auth::AuthError;
-    crate::auth::check_bearer(headers, token).map_err(|e| match e {
-        AuthError::Missing | AuthError::NotBearer => ApiError::unauthorized(e.to_string()),
-        AuthError::Wrong => ApiError::new(StatusCode::FORBIDDEN, format!("wrong token for {what}")),
-    })
-}
-
-/// `POST /channels/{name}/changes`.
-pub async fn post_changes(
-    State(state): State<AppState>,
-    Path(name): Path<String>,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, ApiError> {
-    let channel = state
-        .config
-        .channels
-        .get(&name)
-        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("no channel {name:?}")))?;
-    check_bearer(&headers, &channel.token, "this channel")?;
-
-    let content_type = headers
-        .get(http::header::CONTENT_TYPE)
-        .map(|v| v.to_str().unwrap_or("invalid"));
-    let format = Format::from_content_type(content_type).ok_or_else(|| {
-        ApiError::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "Content-Type must be application/json, application/x-ndjson or application/xml",
-        )
-    })?;
-    let idempotency_key = match headers.get("idempotency-key") {
-        None => None,
-        Some(v) => {
-            let key = v
-                .to_str()
-                .ok()
-                .filter(|k| !k.is_empty() && k.len() <= MAX_IDEMPOTENCY_KEY)
-                .ok_or_else(|| {
-                    ApiError::bad_request(format!(
-                        "Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} visible ASCII characters"
-                    ))
-                })?;
-            Some(key.to_string())
-        }
-    };
-
-    let max_body = state.config.max_body;
-    let bytes = axum::body::to_bytes(body, max_body).await.map_err(|_| {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("body larger than {max_body} bytes"),
-        )
-    })?;
-    let changes = parse_body(format, &bytes, 1_000_000).map_err(|e| ApiError {
-        index: e.index,
-        ..ApiError::bad_request(e.reason)
-    })?;
-
-    let idempotency = idempotency_key.map(|key| IdempotencyKey {
-        key,
-        fingerprint: {
-            let mut h = Sha256::new();
-            h.update(format!("{format:?}").as_bytes());
-            h.update(&bytes);
-            hex::encode(h.finalize())
-        },
-    });
-    let appended = state
-        .store
-        .append(&name, changes, idempotency, OffsetDateTime::now_utc())
-        .await
-        .map_err(|e| match e {
-            StoreError::IdempotencyConflict => {
-                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, e.to_string())
-            }
-            other => ApiError::from(other),
-        })?;
-    tracing::debug!(channel = %name, first = appended.first, last = appended.last, replayed = appended.replayed, "changes accepted");
-    let mut response = (
-        StatusCode::ACCEPTED,
-        Json(serde_json::json!({
-            "accepted": appended.accepted,
-            "first": appended.first,
-            "last": appended.last,
-        })),
-    )
-        .into_response();
-    if appended.replayed {
-        response.headers_mut().insert(
-            "idempotent-replayed",
-            http::HeaderValue::from_static("true"),
-        );
-    }
-    Ok(response)
 }
 
 #[cfg(test)]

@@ -11,9 +11,10 @@ use futures_util::StreamExt;
 use serde::Deserialize;
 use std::convert::Infallible;
 
-use super::follow::{Event, Follower};
-use super::{frames, read_allowed};
-use crate::http::{ApiError, AppState};
+use super::{read_token, ApiError, AppState};
+use crate::auth;
+use crate::live::follow::{Event, Follower};
+use crate::live::frames;
 
 #[derive(Debug, Deserialize)]
 pub struct EventsQuery {
@@ -33,10 +34,7 @@ pub async fn events(
         .channels
         .get(&name)
         .ok_or_else(|| ApiError::not_found(format!("no channel {name:?}")))?;
-    if !read_allowed(
-        config,
-        super::request_token(&headers, query.token.as_deref()),
-    ) {
+    if !auth::can_read(config, read_token(&headers, query.token.as_deref())) {
         return Err(ApiError::unauthorized(
             "this channel is private: give its read token",
         ));
@@ -78,7 +76,7 @@ pub async fn events(
 
 fn sse_event(channel: &str, event: &Event) -> SseEvent {
     let data = frames::event(channel, event);
-    let sse = SseEvent::default().data(data.as_str());
+    let sse = SseEvent::default().data(data);
     match event {
         Event::Replay(_) | Event::Live(..) => sse.event("notification").id(event
             .changes()

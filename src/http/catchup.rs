@@ -1,0 +1,162 @@
+//! The catch-up and discovery documents: `changelist.xml` (with `Link` rel=hub/self, `ETag`,
+//! 304 on `If-None-Match`), `changes?after=SEQ&limit=N` (410 with the oldest retained seq),
+//! `capabilitylist.xml` and `/.well-known/resourcesync`. Rendering is [`crate::catchup`]'s.
+//!
+//! Channels are hosted ones or the internal channels of external topics (whose `Link`
+//! rel=self is the external topic). Private channels need their read token.
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+
+use super::{read_token, ApiError, AppState};
+use crate::auth;
+use crate::catchup::{self, CatchupError, DEFAULT_PAGE, MAX_LIST};
+use crate::net;
+
+/// The topic URL of channel `name` — a hosted channel, or the internal channel of an external
+/// topic — when the request may read it (private channels need their read token).
+fn readable(
+    state: &AppState,
+    name: &str,
+    headers: &HeaderMap,
+    token: Option<&str>,
+) -> Result<String, ApiError> {
+    if let Some(channel) = state.config.channels.get(name) {
+        if !auth::can_read(channel, read_token(headers, token)) {
+            return Err(ApiError::unauthorized(
+                "this channel is private: give its read token",
+            ));
+        }
+        return Ok(state.config.urls.topic(name));
+    }
+    state
+        .external
+        .by_channel(name)
+        .map(|t| t.url.clone())
+        .ok_or_else(|| ApiError::not_found(format!("no channel {name:?}")))
+}
+
+fn xml(body: Vec<u8>) -> Response {
+    (
+        [(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/xml"),
+        )],
+        body,
+    )
+        .into_response()
+}
+
+fn set_header(response: &mut Response, name: http::HeaderName, value: &str) {
+    if let Ok(v) = HeaderValue::from_str(value) {
+        response.headers_mut().insert(name, v);
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct TokenQuery {
+    token: Option<String>,
+}
+
+/// `GET /channels/{name}/changelist.xml`
+pub async fn changelist(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    Query(q): Query<TokenQuery>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let topic = readable(&state, &name, &headers, q.token.as_deref())?;
+    let etag = catchup::etag(state.store.as_ref(), &name).await?;
+    let unchanged = headers
+        .get(http::header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.split(',')
+                .any(|t| t.trim().trim_start_matches("W/") == etag)
+        });
+    let mut response = if unchanged {
+        StatusCode::NOT_MODIFIED.into_response()
+    } else {
+        xml(catchup::changelist(state.store.as_ref(), &state.config.urls, &name).await?)
+    };
+    let links = net::hub_links(&state.config.urls.hub(), &topic);
+    set_header(&mut response, http::header::LINK, &links);
+    set_header(&mut response, http::header::ETAG, &etag);
+    set_header(&mut response, http::header::CACHE_CONTROL, "no-cache");
+    Ok(response)
+}
+
+#[derive(Debug, Deserialize)]
+pub struct AfterQuery {
+    after: Option<String>,
+    limit: Option<String>,
+    token: Option<String>,
+}
+
+/// `GET /channels/{name}/changes?after=SEQ&limit=N`
+pub async fn changes_after(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    Query(q): Query<AfterQuery>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let topic = readable(&state, &name, &headers, q.token.as_deref())?;
+    let after = match q.after.as_deref() {
+        None => 0,
+        Some(s) => s
+            .parse::<u64>()
+            .map_err(|_| ApiError::bad_request("after must be a seq (a non-negative integer)"))?,
+    };
+    let limit = match q.limit.as_deref() {
+        None => DEFAULT_PAGE,
+        Some(s) => match s.parse::<usize>() {
+            Ok(n) if (1..=MAX_LIST).contains(&n) => n,
+            _ => {
+                return Err(ApiError::bad_request(format!(
+                    "limit must be between 1 and {MAX_LIST}"
+                )))
+            }
+        },
+    };
+    let page = catchup::changes_after(
+        state.store.as_ref(),
+        &state.config.urls,
+        &name,
+        after,
+        limit,
+    )
+    .await
+    .map_err(|e| match e {
+        e @ CatchupError::Gone { oldest, .. } => ApiError {
+            oldest: Some(oldest),
+            ..ApiError::new(StatusCode::GONE, e.to_string())
+        },
+        CatchupError::Store(e) => ApiError::from(e),
+    })?;
+    let mut links = net::hub_links(&state.config.urls.hub(), &topic);
+    if let Some(next) = &page.next {
+        links.push_str(&format!(", <{next}>; rel=\"next\""));
+    }
+    let mut response = xml(page.body);
+    set_header(&mut response, http::header::LINK, &links);
+    Ok(response)
+}
+
+/// `GET /channels/{name}/capabilitylist.xml`
+pub async fn capability_list(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    Query(q): Query<TokenQuery>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    readable(&state, &name, &headers, q.token.as_deref())?;
+    Ok(xml(catchup::capability_list(&state.config.urls, &name)))
+}
+
+/// `GET /.well-known/resourcesync`
+pub async fn source_description(State(state): State<AppState>) -> Response {
+    let channels = state.config.channels.keys().map(String::as_str);
+    xml(catchup::source_description(&state.config.urls, channels))
+}

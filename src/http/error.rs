@@ -1,0 +1,96 @@
+//! The error every handler answers with: a status and a short reason, as JSON. Store failures
+//! become 503 without internals (and are logged); refused credentials become 401 or 403.
+
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use crate::auth::{self, AuthError};
+use crate::store::StoreError;
+
+/// An error answer: a status and a short reason, as JSON `{"error": …}` (with the index of the
+/// bad change, or the oldest retained seq, when that is the point) or as plain text.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub reason: String,
+    pub index: Option<usize>,
+    pub oldest: Option<u64>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, reason: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            reason: reason.into(),
+            index: None,
+            oldest: None,
+        }
+    }
+
+    pub fn bad_request(reason: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, reason)
+    }
+
+    pub fn unauthorized(reason: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::UNAUTHORIZED, reason)
+    }
+
+    pub fn not_found(reason: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, reason)
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> ApiError {
+        tracing::error!(error = %e, "store error");
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the store is unavailable; try again",
+        )
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut body = serde_json::json!({ "error": self.reason });
+        if let Some(index) = self.index {
+            body["index"] = index.into();
+        }
+        if let Some(oldest) = self.oldest {
+            body["oldest"] = oldest.into();
+        }
+        let mut response = (self.status, Json(body)).into_response();
+        let headers = response.headers_mut();
+        if self.status == StatusCode::UNAUTHORIZED {
+            headers.insert(
+                http::header::WWW_AUTHENTICATE,
+                http::HeaderValue::from_static("Bearer"),
+            );
+        }
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            headers.insert(
+                http::header::RETRY_AFTER,
+                http::HeaderValue::from_static("1"),
+            );
+        }
+        if let Some(oldest) = self.oldest {
+            if let Ok(v) = http::HeaderValue::from_str(&oldest.to_string()) {
+                headers.insert("x-changehub-oldest", v);
+            }
+        }
+        response
+    }
+}
+
+impl ApiError {
+    /// Checks `Authorization: Bearer <token>` (`what` names the token in a refusal).
+    pub fn check_bearer(headers: &HeaderMap, token: &str, what: &str) -> Result<(), ApiError> {
+        auth::check_bearer(headers, token).map_err(|e| match e {
+            AuthError::Missing | AuthError::NotBearer => ApiError::unauthorized(e.to_string()),
+            AuthError::Wrong => {
+                ApiError::new(StatusCode::FORBIDDEN, format!("wrong token for {what}"))
+            }
+        })
+    }
+}

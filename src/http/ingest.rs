@@ -1,0 +1,89 @@
+//! `POST /channels/{name}/changes`: sources push changes. The channel's bearer token is
+//! checked before the body is read; the body is read up to `--max-body`; [`ingest::accept`]
+//! does the rest. 202 `{"accepted", "first", "last"}` once durable.
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use super::{ApiError, AppState};
+use crate::ingest::{self, Format, IngestError, MAX_IDEMPOTENCY_KEY};
+
+/// `POST /channels/{name}/changes`.
+pub async fn post_changes(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let channel = state
+        .config
+        .channels
+        .get(&name)
+        .ok_or_else(|| ApiError::not_found(format!("no channel {name:?}")))?;
+    ApiError::check_bearer(&headers, &channel.token, "this channel")?;
+
+    let content_type = headers
+        .get(http::header::CONTENT_TYPE)
+        .map(|v| v.to_str().unwrap_or("invalid"));
+    let format = Format::from_content_type(content_type).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "Content-Type must be application/json, application/x-ndjson or application/xml",
+        )
+    })?;
+    let idempotency_key = match headers.get("idempotency-key") {
+        None => None,
+        Some(v) => {
+            let key = v
+                .to_str()
+                .ok()
+                .filter(|k| !k.is_empty() && k.len() <= MAX_IDEMPOTENCY_KEY)
+                .ok_or_else(|| {
+                    ApiError::bad_request(format!(
+                        "Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} visible ASCII characters"
+                    ))
+                })?;
+            Some(key.to_string())
+        }
+    };
+
+    let max_body = state.config.max_body;
+    let bytes = axum::body::to_bytes(body, max_body).await.map_err(|_| {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("body larger than {max_body} bytes"),
+        )
+    })?;
+    let appended = ingest::accept(state.store.as_ref(), &name, format, &bytes, idempotency_key)
+        .await
+        .map_err(|e| match e {
+            IngestError::Body(e) => ApiError {
+                index: e.index,
+                ..ApiError::bad_request(e.reason)
+            },
+            e @ IngestError::IdempotencyConflict => {
+                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, e.to_string())
+            }
+            IngestError::Store(e) => ApiError::from(e),
+        })?;
+    tracing::debug!(channel = %name, first = appended.first, last = appended.last, replayed = appended.replayed, "changes accepted");
+    let mut response = (
+        StatusCode::ACCEPTED,
+        Json(serde_json::json!({
+            "accepted": appended.accepted,
+            "first": appended.first,
+            "last": appended.last,
+        })),
+    )
+        .into_response();
+    if appended.replayed {
+        response.headers_mut().insert(
+            "idempotent-replayed",
+            http::HeaderValue::from_static("true"),
+        );
+    }
+    Ok(response)
+}

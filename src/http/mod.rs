@@ -1,0 +1,122 @@
+//! The web layer: the only room that knows axum. It holds [`AppState`], the [`router`], the
+//! error every handler answers with ([`ApiError`]) and one file per endpoint family. A handler
+//! parses the request, authenticates, calls one domain function and renders the answer;
+//! nothing else.
+//!
+//! | file | endpoints | domain it calls |
+//! |---|---|---|
+//! | `ingest.rs` | `POST /channels/{name}/changes` | [`crate::ingest`] |
+//! | `websub.rs` | `POST /hub`, `POST /publish` | [`crate::fanout::websub`], [`crate::external::publish`] |
+//! | `catchup.rs` | `changelist.xml`, `changes?after=`, `capabilitylist.xml`, `/.well-known/resourcesync` | [`crate::catchup`] |
+//! | `ws.rs` | `GET /ws` (the websocket session: queue, slow consumers, pings) | [`crate::live`] |
+//! | `sse.rs` | `GET /channels/{name}/events` | [`crate::live`] |
+//! | `admin.rs` | `/api/…` | [`crate::fanout`], [`crate::external`], the store |
+//! | `dashboard.rs` | `GET /`, its assets, `GET /channels` | the store |
+//! | `health.rs` | `/healthz`, `/readyz` | the store |
+
+mod admin;
+mod catchup;
+mod dashboard;
+mod error;
+mod health;
+mod ingest;
+mod sse;
+mod websub;
+pub mod ws;
+
+pub use error::ApiError;
+
+use axum::http::HeaderMap;
+use axum::routing::{delete, get, post};
+use axum::Router;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tower_http::compression::CompressionLayer;
+
+use crate::batcher::Feeds;
+use crate::config::Config;
+use crate::external::External;
+use crate::fanout::Fanout;
+use crate::store::Store;
+
+/// What every handler can reach. Cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    pub config: Arc<Config>,
+    pub store: Arc<dyn Store>,
+    /// The feeds of the hosted channels.
+    pub feeds: Feeds,
+    pub fanout: Arc<Fanout>,
+    pub external: Arc<External>,
+    /// Background work started by handlers (verifications) runs here.
+    pub tasks: TaskTracker,
+    /// Cancelled when shutdown begins: long-lived responses (websockets, event streams) end.
+    pub shutdown: CancellationToken,
+    /// Websocket connections per client address, and their shared frames.
+    pub connections: Arc<ws::Connections>,
+}
+
+/// Every route of the hub.
+pub fn router(state: AppState) -> Router {
+    let documents = Router::new()
+        .route("/channels/{name}/changelist.xml", get(catchup::changelist))
+        .route(
+            "/channels/{name}/changes",
+            get(catchup::changes_after).post(ingest::post_changes),
+        )
+        .route(
+            "/channels/{name}/capabilitylist.xml",
+            get(catchup::capability_list),
+        )
+        .route(
+            "/.well-known/resourcesync",
+            get(catchup::source_description),
+        )
+        .layer(CompressionLayer::new());
+    Router::new()
+        .route("/hub", post(websub::hub))
+        .route("/publish", post(websub::hub))
+        .route("/", get(dashboard::index))
+        .route("/assets/app.js", get(dashboard::app_js))
+        .route("/assets/style.css", get(dashboard::style_css))
+        .route("/ws", get(ws::upgrade))
+        .route("/channels", get(dashboard::channels))
+        .route("/channels/{name}/events", get(sse::events))
+        .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz))
+        .route("/api/channels", get(admin::channels))
+        .route("/api/subscriptions", get(admin::subscriptions))
+        .route("/api/live", get(admin::live))
+        .route(
+            "/api/subscriptions/{id}",
+            delete(admin::delete_subscription),
+        )
+        .route("/api/subscriptions/{id}/redeliver", post(admin::redeliver))
+        .merge(documents)
+        .layer(axum::extract::DefaultBodyLimit::max(state.config.max_body))
+        .with_state(state)
+}
+
+/// Serves the router on `listener` until `stop` completes, then finishes the requests in
+/// flight.
+pub async fn serve(
+    listener: TcpListener,
+    state: AppState,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(
+        listener,
+        router(state).into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(stop)
+    .await
+}
+
+/// The read token of a request: `Authorization: Bearer …` or `?token=`.
+fn read_token<'a>(headers: &'a HeaderMap, query: Option<&'a str>) -> Option<&'a str> {
+    crate::auth::bearer(headers).ok().flatten().or(query)
+}

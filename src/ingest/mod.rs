@@ -1,0 +1,65 @@
+//! Ingest: the first way changes come in. A source's request body is parsed in one of the
+//! [`Format`]s, every change is validated (one bad change refuses the whole body, naming its
+//! index), and the changes are appended to the channel's log. [`accept`] returns only once
+//! the changes are durable; the batcher picks them up from the log.
+//!
+//! Invariant: ingest never talks to subscribers; it only writes the log.
+//! (The second way in is [`crate::external`]: external topics fetched or fat-pinged.)
+
+mod parse;
+
+pub use parse::{parse_body, BodyError, Format};
+
+use sha2::{Digest, Sha256};
+use time::OffsetDateTime;
+
+use crate::store::{Appended, IdempotencyKey, Store, StoreError};
+
+/// Longest `Idempotency-Key` accepted.
+pub const MAX_IDEMPOTENCY_KEY: usize = 255;
+/// Most changes in one request.
+pub const MAX_CHANGES: usize = 1_000_000;
+
+/// Why a body was not accepted.
+#[derive(Debug, thiserror::Error)]
+pub enum IngestError {
+    /// The body (or one of its changes) is invalid; nothing was appended.
+    #[error("{}", .0.reason)]
+    Body(BodyError),
+    /// The idempotency key came before with a different body.
+    #[error("idempotency key was used before with a different request")]
+    IdempotencyConflict,
+    #[error(transparent)]
+    Store(StoreError),
+}
+
+/// Parses, validates and appends one request body to `channel`'s log. With an idempotency
+/// key, a repeated request appends nothing and returns the first answer (`replayed`).
+pub async fn accept(
+    store: &dyn Store,
+    channel: &str,
+    format: Format,
+    body: &[u8],
+    idempotency_key: Option<String>,
+) -> Result<Appended, IngestError> {
+    let changes = parse_body(format, body, MAX_CHANGES).map_err(IngestError::Body)?;
+    let idempotency = idempotency_key.map(|key| IdempotencyKey {
+        key,
+        fingerprint: fingerprint(format, body),
+    });
+    store
+        .append(channel, changes, idempotency, OffsetDateTime::now_utc())
+        .await
+        .map_err(|e| match e {
+            StoreError::IdempotencyConflict => IngestError::IdempotencyConflict,
+            other => IngestError::Store(other),
+        })
+}
+
+/// What makes two requests "the same" for an idempotency key: their format and body.
+fn fingerprint(format: Format, body: &[u8]) -> String {
+    let mut h = Sha256::new();
+    h.update(format!("{format:?}").as_bytes());
+    h.update(body);
+    hex::encode(h.finalize())
+}
