@@ -36,7 +36,7 @@ pub fn render_notification(config: &Config, channel: &str, changes: Vec<Change>)
         until: changes.last().map(|c| c.datetime),
         links: vec![DocLink {
             rel: "up".into(),
-            href: capability_list_url(config, channel),
+            href: config.urls.capability_list(channel),
         }],
         seq_range: Some((first, last)),
     };
@@ -48,13 +48,6 @@ pub fn render_notification(config: &Config, channel: &str, changes: Vec<Change>)
         changes,
         body,
     }
-}
-
-pub fn capability_list_url(config: &Config, channel: &str) -> String {
-    format!(
-        "{}/channels/{channel}/capabilitylist.xml",
-        config.public_url
-    )
 }
 
 /// The feeds of the hosted channels, by name.

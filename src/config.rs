@@ -229,9 +229,8 @@ pub struct LiveLimits {
 #[derive(Debug, Clone)]
 pub struct Config {
     pub listen: SocketAddr,
-    /// Without a trailing slash.
-    pub public_url: String,
-    /// Every URL the hub publishes, built from `public_url`.
+    /// Every URL the hub publishes, built from `--public-url` (`urls.public()` is that URL,
+    /// without a trailing slash).
     pub urls: Urls,
     pub store: StoreConfig,
     pub channels: BTreeMap<String, ChannelConfig>,
@@ -410,7 +409,6 @@ impl ServeArgs {
 
         let config = Config {
             listen,
-            public_url,
             urls,
             store,
             channels,
@@ -525,7 +523,7 @@ mod tests {
         assert_eq!(config.linger, Duration::from_millis(20));
         assert_eq!(config.channels["news"].retention.max_changes, 10);
         assert_eq!(config.channels["other"].token, "t2");
-        assert_eq!(config.public_url, "http://127.0.0.1:8080");
+        assert_eq!(config.urls.public(), "http://127.0.0.1:8080");
         assert_eq!(
             config
                 .channel_for_topic("http://127.0.0.1:8080/channels/news/changelist.xml")

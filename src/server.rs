@@ -68,7 +68,7 @@ pub async fn run(
     };
     tracing::info!(
         listen = %listener.local_addr()?,
-        public_url = %config.public_url,
+        public_url = %config.urls.public(),
         channels = config.channels.len(),
         subscriptions = hub.resumed,
         "changehub serving"

@@ -159,7 +159,6 @@ async fn restart_at(addr: SocketAddr, data_dir: PathBuf) -> oneshot::Sender<()> 
         }
     };
     let mut config = changehub::config::Config::new(addr, data_dir).with_channel(CHANNEL, TOKEN);
-    config.public_url = format!("http://{addr}");
     config.linger = Duration::from_millis(20);
     let (stop, stopped) = oneshot::channel::<()>();
     tokio::spawn(async move {

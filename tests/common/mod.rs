@@ -71,7 +71,6 @@ impl TestHub {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let mut config = Config::new(addr, data_dir.clone()).with_channel(CHANNEL, TOKEN);
-        config.public_url = format!("http://{addr}");
         config.admin_token = Some(ADMIN.into());
         config.allow_private_callbacks = true;
         config.linger = Duration::from_millis(20);

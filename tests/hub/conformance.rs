@@ -8,7 +8,9 @@
 //! at all without a secret and a valid lowercase-hex HMAC with one.
 
 use crate::common::*;
+use crate::redis_server::RedisServer;
 use crate::topics::{Doc, TopicServer};
+use changehub::config::StoreConfig;
 use changehub::fanout::signing;
 use changehub::net::parse_links;
 use reqwest::StatusCode;
@@ -19,19 +21,67 @@ const WAIT: Duration = Duration::from_secs(15);
 struct Rocks {
     topics: TopicServer,
     hub: TestHub,
+    /// The hub's Redis, when it runs on the Redis store.
+    _redis: Option<RedisServer>,
 }
 
 /// A topic server and a hub that serves its topics as external topics.
 async fn rocks(tweak: impl FnOnce(&mut changehub::config::Config)) -> Rocks {
+    rocks_on(false, tweak).await
+}
+
+/// The same, on the Redis store (a private redis-server) when `redis` is true.
+async fn rocks_on(redis: bool, tweak: impl FnOnce(&mut changehub::config::Config)) -> Rocks {
     let topics = TopicServer::start().await;
     let prefix = topics.prefix();
+    let server = redis.then(|| RedisServer::start(false));
+    let store = server.as_ref().map(|s| StoreConfig::Redis { url: s.url() });
     let hub = TestHub::start(move |c| {
         c.allow_external_topics = vec![prefix];
+        if let Some(store) = store {
+            c.store = store;
+        }
         tweak(c);
     })
     .await;
-    Rocks { topics, hub }
+    Rocks {
+        topics,
+        hub,
+        _redis: server,
+    }
 }
+
+/// The websub.rocks hub tests, each run on both stores.
+macro_rules! on_both_stores {
+    ($($name:ident),* $(,)?) => {
+        mod embedded {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::rocks_on(false, |_| {}).await).await
+                }
+            )*
+        }
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::rocks_on(true, |_| {}).await).await
+                }
+            )*
+        }
+    };
+}
+
+on_both_stores!(
+    hub_100_typical_subscription,
+    hub_101_secret_in_each_algorithm,
+    hub_102_additional_parameters_are_ignored,
+    hub_103_resubscribe_gives_one_notification_per_publish,
+    hub_104_unsubscribe_is_verified_then_nothing_arrives,
+    hub_105_text_plain_topic,
+    hub_106_json_topic,
+);
 
 impl Rocks {
     /// Subscribes; the answer must be exactly 202.
@@ -158,15 +208,13 @@ async fn typical(r: &Rocks, path: &str, doc: Doc, extra: &[(&str, &str)]) -> Rec
     receiver
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hub_100_typical_subscription() {
-    let r = rocks(|_| {}).await;
+async fn hub_100_typical_subscription(r: Rocks) {
+    let r = &r;
     typical(&r, "/100/topic", html("hello from test 100"), &[]).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hub_101_secret_in_each_algorithm() {
-    let r = rocks(|_| {}).await;
+async fn hub_101_secret_in_each_algorithm(r: Rocks) {
+    let r = &r;
     let topic = r.topics.url("/101/topic");
     // The suite's 20-character secret, over plain http, with the hub's default algorithm.
     let secret = "abcdefghij0123456789";
@@ -212,9 +260,8 @@ async fn hub_101_secret_in_each_algorithm() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hub_102_additional_parameters_are_ignored() {
-    let r = rocks(|_| {}).await;
+async fn hub_102_additional_parameters_are_ignored(r: Rocks) {
+    let r = &r;
     typical(
         &r,
         "/102/topic",
@@ -224,9 +271,8 @@ async fn hub_102_additional_parameters_are_ignored() {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hub_103_resubscribe_gives_one_notification_per_publish() {
-    let r = rocks(|_| {}).await;
+async fn hub_103_resubscribe_gives_one_notification_per_publish(r: Rocks) {
+    let r = &r;
     let topic = r.topics.url("/103/topic");
     let receiver = Receiver::start(Behaviour::default()).await;
     r.subscribe(&topic, &receiver.url, &[]).await;
@@ -259,9 +305,8 @@ async fn hub_103_resubscribe_gives_one_notification_per_publish() {
     assert_eq!(r.hub.subscriptions().await.len(), 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hub_104_unsubscribe_is_verified_then_nothing_arrives() {
-    let r = rocks(|_| {}).await;
+async fn hub_104_unsubscribe_is_verified_then_nothing_arrives(r: Rocks) {
+    let r = &r;
     let topic = r.topics.url("/104/topic");
     let receiver = Receiver::start(Behaviour::default()).await;
     let control = Receiver::start(Behaviour::default()).await;
@@ -294,9 +339,8 @@ async fn hub_104_unsubscribe_is_verified_then_nothing_arrives() {
     assert!(receiver.posts().is_empty(), "nothing after unsubscribe");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hub_105_text_plain_topic() {
-    let r = rocks(|_| {}).await;
+async fn hub_105_text_plain_topic(r: Rocks) {
+    let r = &r;
     typical(
         &r,
         "/105/topic.txt",
@@ -306,9 +350,8 @@ async fn hub_105_text_plain_topic() {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hub_106_json_topic() {
-    let r = rocks(|_| {}).await;
+async fn hub_106_json_topic(r: Rocks) {
+    let r = &r;
     typical(
         &r,
         "/106/topic.json",
