@@ -208,13 +208,13 @@ async fn typical(r: &Rocks, path: &str, doc: Doc, extra: &[(&str, &str)]) -> Rec
     receiver
 }
 
-async fn hub_100_typical_subscription(r: Rocks) {
-    let r = &r;
-    typical(&r, "/100/topic", html("hello from test 100"), &[]).await;
+async fn hub_100_typical_subscription(rocks: Rocks) {
+    let r = &rocks;
+    typical(r, "/100/topic", html("hello from test 100"), &[]).await;
 }
 
-async fn hub_101_secret_in_each_algorithm(r: Rocks) {
-    let r = &r;
+async fn hub_101_secret_in_each_algorithm(rocks: Rocks) {
+    let r = &rocks;
     let topic = r.topics.url("/101/topic");
     // The suite's 20-character secret, over plain http, with the hub's default algorithm.
     let secret = "abcdefghij0123456789";
@@ -260,10 +260,10 @@ async fn hub_101_secret_in_each_algorithm(r: Rocks) {
     }
 }
 
-async fn hub_102_additional_parameters_are_ignored(r: Rocks) {
-    let r = &r;
+async fn hub_102_additional_parameters_are_ignored(rocks: Rocks) {
+    let r = &rocks;
     typical(
-        &r,
+        r,
         "/102/topic",
         html("extra parameters"),
         &[("foo", "bar"), ("hub.foo", "hub.bar")],
@@ -271,8 +271,8 @@ async fn hub_102_additional_parameters_are_ignored(r: Rocks) {
     .await;
 }
 
-async fn hub_103_resubscribe_gives_one_notification_per_publish(r: Rocks) {
-    let r = &r;
+async fn hub_103_resubscribe_gives_one_notification_per_publish(rocks: Rocks) {
+    let r = &rocks;
     let topic = r.topics.url("/103/topic");
     let receiver = Receiver::start(Behaviour::default()).await;
     r.subscribe(&topic, &receiver.url, &[]).await;
@@ -305,8 +305,8 @@ async fn hub_103_resubscribe_gives_one_notification_per_publish(r: Rocks) {
     assert_eq!(r.hub.subscriptions().await.len(), 1);
 }
 
-async fn hub_104_unsubscribe_is_verified_then_nothing_arrives(r: Rocks) {
-    let r = &r;
+async fn hub_104_unsubscribe_is_verified_then_nothing_arrives(rocks: Rocks) {
+    let r = &rocks;
     let topic = r.topics.url("/104/topic");
     let receiver = Receiver::start(Behaviour::default()).await;
     let control = Receiver::start(Behaviour::default()).await;
@@ -339,10 +339,10 @@ async fn hub_104_unsubscribe_is_verified_then_nothing_arrives(r: Rocks) {
     assert!(receiver.posts().is_empty(), "nothing after unsubscribe");
 }
 
-async fn hub_105_text_plain_topic(r: Rocks) {
-    let r = &r;
+async fn hub_105_text_plain_topic(rocks: Rocks) {
+    let r = &rocks;
     typical(
-        &r,
+        r,
         "/105/topic.txt",
         Doc::new("Plain text post 105\n", "text/plain"),
         &[],
@@ -350,10 +350,10 @@ async fn hub_105_text_plain_topic(r: Rocks) {
     .await;
 }
 
-async fn hub_106_json_topic(r: Rocks) {
-    let r = &r;
+async fn hub_106_json_topic(rocks: Rocks) {
+    let r = &rocks;
     typical(
-        &r,
+        r,
         "/106/topic.json",
         Doc::new(
             r#"{"type":"entry","content":"JSON post 106","published":"2024-05-01T10:00:00Z"}"#,
