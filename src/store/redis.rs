@@ -64,6 +64,7 @@ use super::{
     Appended, ChannelHead, ClusterEvent, IdempotencyKey, Store, StoreError, IDEMPOTENCY_TTL,
 };
 use crate::model::{Change, ChangeType, DeliveryState, Link, NewChange, Retention, Subscription};
+use crate::retry::Reconnect;
 
 /// The pub/sub channel of [`ClusterEvent`]s and head moves.
 pub const EVENTS: &str = "changehub:events";
@@ -547,7 +548,7 @@ async fn listen(
     events: broadcast::Sender<ClusterEvent>,
     stop: CancellationToken,
 ) {
-    let mut backoff = Duration::from_millis(100);
+    let mut backoff = Reconnect::new(Duration::from_millis(100), Duration::from_secs(5));
     let mut next = 0;
     loop {
         let client = &servers[next % servers.len()];
@@ -560,13 +561,13 @@ async fn listen(
             Ok(Ok(p)) => p,
             Ok(Err(e)) => {
                 tracing::debug!(error = %e, "redis pub/sub: cannot connect; retrying");
-                if sleep_or_stop(&stop, &mut backoff).await {
+                if backoff.sleep_or_stop(&stop).await {
                     return;
                 }
                 continue;
             }
             Err(_) => {
-                if sleep_or_stop(&stop, &mut backoff).await {
+                if backoff.sleep_or_stop(&stop).await {
                     return;
                 }
                 continue;
@@ -574,12 +575,12 @@ async fn listen(
         };
         if let Err(e) = pubsub.subscribe(EVENTS).await {
             tracing::debug!(error = %e, "redis pub/sub: cannot subscribe; retrying");
-            if sleep_or_stop(&stop, &mut backoff).await {
+            if backoff.sleep_or_stop(&stop).await {
                 return;
             }
             continue;
         }
-        backoff = Duration::from_millis(100);
+        backoff.reset();
         refresh(&conn, &heads, &events).await;
         let mut messages = pubsub.into_on_message();
         let mut tick = tokio::time::interval(REFRESH);
@@ -600,19 +601,9 @@ async fn listen(
                 _ = tick.tick() => refresh(&conn, &heads, &events).await,
             }
         }
-        if sleep_or_stop(&stop, &mut backoff).await {
+        if backoff.sleep_or_stop(&stop).await {
             return;
         }
-    }
-}
-
-/// Sleeps `backoff` (doubling it up to 5 s); true when stopped meanwhile.
-async fn sleep_or_stop(stop: &CancellationToken, backoff: &mut Duration) -> bool {
-    let d = *backoff;
-    *backoff = (*backoff * 2).min(Duration::from_secs(5));
-    tokio::select! {
-        _ = stop.cancelled() => true,
-        _ = tokio::time::sleep(d) => false,
     }
 }
 
