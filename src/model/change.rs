@@ -143,7 +143,7 @@ pub enum ValidationError {
 }
 
 impl NewChange {
-    /// Checks every field against the rules in DESIGN.md ("Change").
+    /// Checks every field against the rules above (the limits of a change).
     pub fn validate(&self) -> Result<(), ValidationError> {
         check_uri(&self.loc).map_err(ValidationError::Loc)?;
         if let Some(hash) = &self.hash {
