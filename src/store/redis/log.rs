@@ -1,0 +1,337 @@
+//! The change log of a channel: appending (one script: idempotency, gapless seqs, datetime
+//! clamp, head announcement), reading ranges, the head, and trimming by retention.
+//!
+//! A log entry is a stream entry with id `SEQ-0` and one field `e`: the change's final
+//! datetime as a sortable [`datetime_key`], then the change as the source sent it ([`Stored`]).
+
+use redis::AsyncCommands;
+use time::OffsetDateTime;
+use tokio::sync::watch;
+
+use super::events::raise;
+use super::{decode, key, timed, RedisStore, EVENTS};
+use crate::model::{Change, ChangeType, Link, NewChange, Retention};
+use crate::store::{Appended, ChannelHead, IdempotencyKey, StoreError, IDEMPOTENCY_TTL};
+
+/// Entries read per `XRANGE` while looking for the age cut-off.
+const SCAN_PAGE: usize = 1000;
+
+/// A datetime as a fixed-width ([`DT_KEY_LEN`]) decimal string that sorts like the datetime
+/// (Lua compares it as a string; numbers in Lua are doubles and would lose nanoseconds).
+const DT_BIAS: i128 = 1_000_000_000_000_000_000_000;
+/// The append script relies on this width.
+const DT_KEY_LEN: usize = 23;
+
+pub fn datetime_key(t: OffsetDateTime) -> String {
+    format!("{:023}", t.unix_timestamp_nanos() + DT_BIAS)
+}
+
+fn datetime_from_key(k: &str) -> Result<OffsetDateTime, StoreError> {
+    let nanos: i128 = k
+        .parse()
+        .map_err(|_| StoreError::Corrupt(format!("bad datetime key {k:?}")))?;
+    OffsetDateTime::from_unix_timestamp_nanos(nanos - DT_BIAS)
+        .map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+/// A change as the log entry keeps it: the source's [`NewChange`], without its empty fields
+/// (a third smaller than plain serde output, and Redis's time per append grows with size).
+#[derive(serde::Serialize)]
+struct Stored<'a> {
+    loc: &'a str,
+    change: ChangeType,
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        with = "time::serde::rfc3339::option"
+    )]
+    datetime: Option<OffsetDateTime>,
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        with = "time::serde::rfc3339::option"
+    )]
+    lastmod: Option<OffsetDateTime>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    hash: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    length: Option<u64>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    media_type: Option<&'a str>,
+    #[serde(skip_serializing_if = "<[Link]>::is_empty")]
+    links: &'a [Link],
+}
+
+impl<'a> From<&'a NewChange> for Stored<'a> {
+    fn from(c: &'a NewChange) -> Stored<'a> {
+        Stored {
+            loc: &c.loc,
+            change: c.change,
+            datetime: c.datetime,
+            lastmod: c.lastmod,
+            hash: c.hash.as_deref(),
+            length: c.length,
+            media_type: c.media_type.as_deref(),
+            links: &c.links,
+        }
+    }
+}
+
+/// Rebuilds a change from its stream entry.
+fn entry_to_change(id: &str, fields: &[Vec<u8>]) -> Result<Change, StoreError> {
+    let seq: u64 = id
+        .split_once('-')
+        .and_then(|(s, _)| s.parse().ok())
+        .ok_or_else(|| StoreError::Corrupt(format!("bad entry id {id:?}")))?;
+    let entry = fields
+        .chunks(2)
+        .find_map(|pair| match pair {
+            [name, value] if name.as_slice() == b"e" => Some(value),
+            _ => None,
+        })
+        .ok_or_else(|| StoreError::Corrupt(format!("entry {id} lacks its change")))?;
+    if entry.len() < DT_KEY_LEN {
+        return Err(StoreError::Corrupt(format!("entry {id} is too short")));
+    }
+    let (d, c) = entry.split_at(DT_KEY_LEN);
+    let d = std::str::from_utf8(d).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    let new: NewChange = decode(c)?;
+    // Keep the source's own datetime (and its offset) when it was not raised.
+    let datetime = match new.datetime {
+        Some(own) if datetime_key(own) == d => own,
+        _ => datetime_from_key(d)?,
+    };
+    Ok(Change::from_new(seq, new, datetime))
+}
+
+/// Appends `changes` to `channel` with the append script (see `scripts/append.lua`).
+pub(super) async fn append(
+    store: &RedisStore,
+    channel: &str,
+    changes: Vec<NewChange>,
+    idempotency: Option<IdempotencyKey>,
+    now: OffsetDateTime,
+) -> Result<Appended, StoreError> {
+    let mut invocation = store.scripts.append.prepare_invoke();
+    invocation
+        .key(key(channel, "log"))
+        .key(key(channel, "meta"))
+        .key(key(channel, "idem"))
+        .key(key(channel, "idem-at"));
+    match &idempotency {
+        Some(k) => invocation.arg(&k.key).arg(&k.fingerprint),
+        None => invocation.arg("").arg(""),
+    };
+    invocation
+        .arg(now.unix_timestamp())
+        .arg(IDEMPOTENCY_TTL.as_secs())
+        .arg(EVENTS)
+        .arg(channel);
+    for change in &changes {
+        let mut entry = datetime_key(change.datetime.unwrap_or(now)).into_bytes();
+        serde_json::to_writer(&mut entry, &Stored::from(change))
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        invocation.arg(entry);
+    }
+    let mut conn = store.conn();
+    let (status, accepted, first, last): (u8, u64, u64, u64) =
+        timed(invocation.invoke_async(&mut conn)).await?;
+    match status {
+        0 => {
+            raise(&store.heads, channel, last);
+            Ok(Appended {
+                accepted: accepted as usize,
+                first,
+                last,
+                replayed: false,
+            })
+        }
+        1 => Ok(Appended {
+            accepted: accepted as usize,
+            first,
+            last,
+            replayed: true,
+        }),
+        _ => Err(StoreError::IdempotencyConflict),
+    }
+}
+
+/// Up to `limit` changes of `channel`: from seq `from` on, or the newest ones (oldest first
+/// either way).
+pub(super) async fn range(
+    store: &RedisStore,
+    channel: &str,
+    from: u64,
+    limit: usize,
+    newest: bool,
+) -> Result<Vec<Change>, StoreError> {
+    if limit == 0 {
+        return Ok(Vec::new());
+    }
+    let mut conn = store.conn();
+    let log = key(channel, "log");
+    let mut cmd = if newest {
+        let mut c = redis::cmd("XREVRANGE");
+        c.arg(&log).arg("+").arg("-");
+        c
+    } else {
+        let mut c = redis::cmd("XRANGE");
+        c.arg(&log).arg(format!("{from}-0")).arg("+");
+        c
+    };
+    cmd.arg("COUNT").arg(limit);
+    let entries: Vec<(String, Vec<Vec<u8>>)> = timed(cmd.query_async(&mut conn)).await?;
+    let mut out = Vec::with_capacity(entries.len());
+    for (id, fields) in entries {
+        out.push(entry_to_change(&id, &fields)?);
+    }
+    if newest {
+        out.reverse();
+    }
+    Ok(out)
+}
+
+pub(super) async fn head(store: &RedisStore, channel: &str) -> Result<ChannelHead, StoreError> {
+    let mut conn = store.conn();
+    let (oldest, last): (Option<u64>, Option<u64>) = timed(
+        redis::cmd("HMGET")
+            .arg(key(channel, "meta"))
+            .arg("oldest")
+            .arg("last")
+            .query_async(&mut conn),
+    )
+    .await?;
+    let last = last.unwrap_or(0);
+    raise(&store.heads, channel, last);
+    Ok(ChannelHead {
+        oldest: oldest.unwrap_or(1),
+        last,
+    })
+}
+
+pub(super) fn watch_head(store: &RedisStore, channel: &str) -> watch::Receiver<u64> {
+    let mut heads = store.heads.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(tx) = heads.get(channel) {
+        return tx.subscribe();
+    }
+    // Unknown here so far: start from 0 and learn the head from Redis right away (the
+    // listener also re-reads it every few seconds).
+    let (tx, rx) = watch::channel(0);
+    heads.insert(channel.to_string(), tx);
+    drop(heads);
+    let conn = store.conn();
+    let heads = store.heads.clone();
+    let channel = channel.to_string();
+    tokio::spawn(async move {
+        let mut conn = conn;
+        let last: Result<Option<u64>, StoreError> =
+            timed(conn.hget(key(&channel, "meta"), "last")).await;
+        if let Ok(last) = last {
+            raise(&heads, &channel, last.unwrap_or(0));
+        }
+    });
+    rx
+}
+
+/// Drops what `retention` no longer keeps (the newest change always stays) and forgets
+/// idempotency keys older than [`IDEMPOTENCY_TTL`]; returns how many changes went.
+pub(super) async fn trim(
+    store: &RedisStore,
+    channel: &str,
+    retention: Retention,
+    now: OffsetDateTime,
+) -> Result<u64, StoreError> {
+    let head = head(store, channel).await?;
+    let retained = (head.last + 1).saturating_sub(head.oldest);
+    let mut wanted = head.oldest + retained.saturating_sub(retention.max_changes);
+    if let Some(age) = retention.max_age {
+        let cutoff = datetime_key(now - age);
+        // Walk forward past changes older than the cut-off; the newest always stays.
+        'scan: while wanted < head.last {
+            let page = range(
+                store,
+                channel,
+                wanted,
+                SCAN_PAGE.min((head.last - wanted) as usize),
+                false,
+            )
+            .await?;
+            if page.is_empty() {
+                break;
+            }
+            for change in page {
+                if change.seq >= head.last || datetime_key(change.datetime) >= cutoff {
+                    break 'scan;
+                }
+                wanted = change.seq + 1;
+            }
+        }
+    }
+    let forget_before = (now - IDEMPOTENCY_TTL).unix_timestamp();
+    let mut conn = store.conn();
+    let removed: u64 = timed(
+        store
+            .scripts
+            .trim
+            .key(key(channel, "log"))
+            .key(key(channel, "meta"))
+            .key(key(channel, "idem"))
+            .key(key(channel, "idem-at"))
+            .arg(wanted)
+            .arg(forget_before)
+            .invoke_async(&mut conn),
+    )
+    .await?;
+    Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_changes_read_back_whole() {
+        let full = NewChange {
+            loc: "http://example.com/a".into(),
+            change: ChangeType::Deleted,
+            datetime: Some(crate::model::parse_w3c_datetime("2024-01-01T01:00:00+01:00").unwrap()),
+            lastmod: Some(crate::model::parse_w3c_datetime("2023-01-01T00:00:00Z").unwrap()),
+            hash: Some("md5:1e0d5cb8ef6ba40c99b14c0237be735e".into()),
+            length: Some(8),
+            media_type: Some("text/plain".into()),
+            links: vec![Link {
+                rel: "alternate".into(),
+                href: "http://example.com/a.txt".into(),
+                attrs: [("type".to_string(), "text/plain".to_string())].into(),
+            }],
+        };
+        let bare = NewChange {
+            loc: "http://example.com/b".into(),
+            change: ChangeType::Created,
+            datetime: None,
+            lastmod: None,
+            hash: None,
+            length: None,
+            media_type: None,
+            links: vec![],
+        };
+        for c in [full, bare] {
+            let bytes = serde_json::to_vec(&Stored::from(&c)).unwrap();
+            assert_eq!(decode::<NewChange>(&bytes).unwrap(), c);
+        }
+    }
+
+    #[test]
+    fn datetime_keys_sort_like_datetimes() {
+        let a = crate::model::parse_w3c_datetime("1969-12-31T23:59:59Z").unwrap();
+        let b = crate::model::parse_w3c_datetime("2024-01-01T00:00:00.5Z").unwrap();
+        let c = crate::model::parse_w3c_datetime("2024-01-01T00:00:00.500000001Z").unwrap();
+        assert!(datetime_key(a) < datetime_key(b));
+        assert!(datetime_key(b) < datetime_key(c));
+        assert_eq!(datetime_from_key(&datetime_key(c)).unwrap(), c);
+        assert_eq!(datetime_key(a).len(), DT_KEY_LEN);
+        assert_eq!(datetime_key(c).len(), DT_KEY_LEN);
+        let far = crate::model::parse_w3c_datetime("9999-12-31T23:59:59.999999999Z").unwrap();
+        let early = crate::model::parse_w3c_datetime("0001-01-01T00:00:00Z").unwrap();
+        assert_eq!(datetime_key(far).len(), DT_KEY_LEN);
+        assert_eq!(datetime_key(early).len(), DT_KEY_LEN);
+    }
+}

@@ -1,0 +1,275 @@
+//! The Redis store: every hub instance that points at the same Redis sees the same log,
+//! subscriptions, delivery state and idempotency keys, so instances are disposable.
+//!
+//! Files: `conn` (the `--redis` URL and the command connection), `log` (append, read,
+//! head, trim), `subscriptions` (subscriptions and delivery state), `leases` (channel
+//! ownership), `events` (pub/sub between instances); the Lua scripts are in `scripts/`.
+//!
+//! Key layout — every key of channel `c` carries the hash tag `{c}`, so that all of them live
+//! in one slot of a Redis Cluster and one script can touch them together:
+//!
+//! | key | type | what |
+//! |---|---|---|
+//! | `changehub:{c}:log` | stream | the log; entry id `SEQ-0`, one field `e`: the final datetime as a 23-digit sortable key, then the change as the source sent it (JSON, empty fields left out) |
+//! | `changehub:{c}:meta` | hash | `last` (newest seq), `oldest` (first retained seq), `dt` (latest datetime key), `published` (what the owner announced) |
+//! | `changehub:{c}:idem` | hash | idempotency key → `at first last accepted fingerprint` |
+//! | `changehub:{c}:idem-at` | sorted set | idempotency key by time, to forget them after 24 h |
+//! | `changehub:{c}:subs` | hash | subscription id → subscription (JSON) |
+//! | `changehub:{c}:delivery` | hash | subscription id → delivery state (JSON) |
+//! | `changehub:{c}:expiries` | sorted set | subscription id by lease expiry (unix seconds) |
+//! | `changehub:{c}:retries` | sorted set | subscription id by next retry (unix seconds), while one is pending |
+//! | `changehub:{c}:owner` | string (PX) | the ownership lease: the holder's instance id |
+//! | `changehub:subscription-channels` | hash | subscription id → channel (the one key outside a channel's slot) |
+//!
+//! **The slot rule**: a script or a transaction (`MULTI`/`EXEC` pipeline) touches keys of one
+//! channel only, so that all its keys hash to one slot of a Redis Cluster.
+//! `changehub:subscription-channels` has no hash tag and is only ever read or written by
+//! single-key commands of its own, never inside a script or a transaction with channel keys
+//! (storing a subscription writes the index first, then the channel's keys; removing one does
+//! the reverse). Pub/sub needs no key: `PUBLISH` (also from inside a script) reaches the
+//! subscribers on every node of a cluster.
+//!
+//! The connection is either one server (`redis://…`, `redis+unix://…`: a [`ConnectionManager`])
+//! or a Redis Cluster (`redis+cluster://host:port,host:port,…`: a [`ClusterConnection`] that
+//! routes each command, script and transaction to the primary of its slot and follows
+//! `MOVED`/`ASK` and topology changes); both behind [`Conn`], so every command and script
+//! runs unchanged on either.
+//!
+//! Appends run as one Lua script (idempotency check, next seqs, datetime clamp, `XADD` with
+//! explicit ids, meta update, `PUBLISH`), so concurrent ingest on any number of instances
+//! yields gapless seqs. Retention moves `oldest` forward and `XTRIM MINID`s the stream.
+//!
+//! Instances talk through the pub/sub channel `changehub:events` (`head c last`,
+//! `published c first last`, `subscription c id`, `released c`). Pub/sub is at most once, so
+//! a listener task also re-reads every known channel's `last` and `published` after each
+//! (re)connection and every [`REFRESH`]: a lost message delays, never loses, a notification.
+//!
+//! Durability is Redis's: an append is answered after Redis executed the script; with
+//! `appendonly yes` + `appendfsync always` it is on disk; with `appendfsync everysec` (the
+//! usual setting) it survives a crash of Redis (the AOF is written before the reply) but up to
+//! a second can be lost if the machine loses power; without AOF, a Redis restart loses
+//! everything since the last RDB snapshot. See README.md, "Running on Redis".
+
+use async_trait::async_trait;
+use redis::{RedisResult, Script};
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Mutex;
+use std::time::Duration;
+use time::OffsetDateTime;
+use tokio::sync::{broadcast, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::{Appended, ChannelHead, ClusterEvent, IdempotencyKey, Store, StoreError};
+use crate::model::{Change, DeliveryState, NewChange, Retention, Subscription};
+
+mod conn;
+mod events;
+mod leases;
+mod log;
+mod subscriptions;
+
+pub use conn::{Target, CLUSTER_SCHEME};
+pub use log::datetime_key;
+
+/// The pub/sub channel of [`ClusterEvent`]s and head moves.
+pub const EVENTS: &str = "changehub:events";
+/// Every command gives up after this long (the hub answers 503 meanwhile).
+const OP_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often the listener re-reads heads and published seqs, in case a message was lost.
+pub const REFRESH: Duration = Duration::from_secs(2);
+
+/// The key `what` of `channel`, hash-tagged so that all of a channel's keys share one slot.
+fn key(channel: &str, what: &str) -> String {
+    format!("changehub:{{{channel}}}:{what}")
+}
+
+fn unavailable(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Unavailable(e.to_string())
+}
+
+/// Runs one Redis call with the store's deadline.
+async fn timed<T>(f: impl Future<Output = RedisResult<T>>) -> Result<T, StoreError> {
+    match tokio::time::timeout(OP_TIMEOUT, f).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(unavailable(e)),
+        Err(_) => Err(StoreError::Unavailable(
+            "redis did not answer in time".into(),
+        )),
+    }
+}
+
+fn encode<T: serde::Serialize>(value: &T) -> Result<String, StoreError> {
+    serde_json::to_string(value).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+fn decode<T: for<'de> serde::Deserialize<'de>>(bytes: &[u8]) -> Result<T, StoreError> {
+    serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+/// The Lua scripts, each one loaded once and run by its hash (`EVALSHA`).
+struct Scripts {
+    append: Script,
+    trim: Script,
+    lease: Script,
+    release: Script,
+    published: Script,
+}
+
+impl Scripts {
+    fn load() -> Scripts {
+        Scripts {
+            append: Script::new(include_str!("scripts/append.lua")),
+            trim: Script::new(include_str!("scripts/trim.lua")),
+            lease: Script::new(include_str!("scripts/lease.lua")),
+            release: Script::new(include_str!("scripts/release.lua")),
+            published: Script::new(include_str!("scripts/published.lua")),
+        }
+    }
+}
+
+pub struct RedisStore {
+    conn: conn::Conn,
+    heads: events::Heads,
+    events: broadcast::Sender<ClusterEvent>,
+    /// Subscription id → channel, learnt as subscriptions are stored or read (never changes).
+    sub_channels: Mutex<HashMap<String, String>>,
+    scripts: Scripts,
+    /// Stops the listener task when the store goes away.
+    stop: CancellationToken,
+}
+
+impl Drop for RedisStore {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl RedisStore {
+    /// Connects to Redis at `url`: one server (`redis://host:port/db`, `redis+unix://…`) or a
+    /// Redis Cluster (`redis+cluster://host:port,host:port,…`, see [`Target`]). Does not wait
+    /// for Redis to be up: until it is, every call fails with [`StoreError::Unavailable`] and
+    /// the connection is retried on the next call. Must be called within a Tokio runtime.
+    pub fn open(url: &str) -> Result<RedisStore, StoreError> {
+        let target = Target::parse(url).map_err(StoreError::Unavailable)?;
+        // Pub/sub goes over a connection of its own, to one server — on a cluster to one of
+        // the seed nodes, the next one at each reconnection.
+        let (conn, subscribers) = target.connect()?;
+        let heads = events::Heads::default();
+        let (events, _) = broadcast::channel(4096);
+        let stop = CancellationToken::new();
+        tokio::spawn(events::listen(
+            subscribers,
+            conn.clone(),
+            heads.clone(),
+            events.clone(),
+            stop.clone(),
+        ));
+        Ok(RedisStore {
+            conn,
+            heads,
+            events,
+            sub_channels: Mutex::default(),
+            scripts: Scripts::load(),
+            stop,
+        })
+    }
+
+    fn conn(&self) -> conn::Conn {
+        self.conn.clone()
+    }
+}
+
+/// Each operation lives in the file of its kind of data; this only routes to them.
+#[async_trait]
+impl Store for RedisStore {
+    async fn append(
+        &self,
+        channel: &str,
+        changes: Vec<NewChange>,
+        idempotency: Option<IdempotencyKey>,
+        now: OffsetDateTime,
+    ) -> Result<Appended, StoreError> {
+        log::append(self, channel, changes, idempotency, now).await
+    }
+
+    async fn read(
+        &self,
+        channel: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<Change>, StoreError> {
+        log::range(self, channel, after.saturating_add(1), limit, false).await
+    }
+
+    async fn read_newest(&self, channel: &str, limit: usize) -> Result<Vec<Change>, StoreError> {
+        log::range(self, channel, 0, limit, true).await
+    }
+
+    async fn head(&self, channel: &str) -> Result<ChannelHead, StoreError> {
+        log::head(self, channel).await
+    }
+
+    fn watch_head(&self, channel: &str) -> watch::Receiver<u64> {
+        log::watch_head(self, channel)
+    }
+
+    async fn trim(
+        &self,
+        channel: &str,
+        retention: Retention,
+        now: OffsetDateTime,
+    ) -> Result<u64, StoreError> {
+        log::trim(self, channel, retention, now).await
+    }
+
+    async fn put_subscription(&self, sub: &Subscription) -> Result<(), StoreError> {
+        subscriptions::put(self, sub).await
+    }
+
+    async fn delete_subscription(&self, id: &str) -> Result<bool, StoreError> {
+        subscriptions::delete(self, id).await
+    }
+
+    async fn subscriptions(&self) -> Result<Vec<Subscription>, StoreError> {
+        subscriptions::all(self).await
+    }
+
+    async fn put_delivery(&self, sub_id: &str, state: &DeliveryState) -> Result<(), StoreError> {
+        subscriptions::put_delivery(self, sub_id, state).await
+    }
+
+    async fn delivery(&self, sub_id: &str) -> Result<Option<DeliveryState>, StoreError> {
+        subscriptions::delivery(self, sub_id).await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        let mut conn = self.conn();
+        timed(redis::cmd("PING").query_async::<()>(&mut conn)).await
+    }
+
+    fn shared(&self) -> bool {
+        true
+    }
+
+    async fn try_lease(
+        &self,
+        channel: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        leases::try_lease(self, channel, holder, ttl).await
+    }
+
+    async fn release_lease(&self, channel: &str, holder: &str) -> Result<(), StoreError> {
+        leases::release(self, channel, holder).await
+    }
+
+    async fn announce(&self, event: &ClusterEvent) -> Result<(), StoreError> {
+        events::announce(self, event).await
+    }
+
+    fn events(&self) -> Option<broadcast::Receiver<ClusterEvent>> {
+        Some(self.events.subscribe())
+    }
+}

@@ -1,0 +1,41 @@
+-- KEYS: log, meta, idem, idem-at
+-- ARGV: idempotency key ('' for none), fingerprint, now (unix s), ttl (s), events channel,
+--       channel name, then one entry per change: its datetime key (23 digits) and its JSON
+local key = ARGV[1]
+local now = tonumber(ARGV[3])
+if key ~= '' then
+  local rec = redis.call('HGET', KEYS[3], key)
+  if rec then
+    local at, first, last, accepted, fp = string.match(rec, '^(%d+) (%d+) (%d+) (%d+) (.*)$')
+    if at and tonumber(at) + tonumber(ARGV[4]) > now then
+      if fp ~= ARGV[2] then return {2, 0, 0, 0} end
+      return {1, tonumber(accepted), tonumber(first), tonumber(last)}
+    end
+  end
+end
+local meta = redis.call('HMGET', KEYS[2], 'last', 'dt')
+local last = tonumber(meta[1] or '0')
+local latest = meta[2] or ''
+local first = last + 1
+local n = #ARGV - 6
+for i = 0, n - 1 do
+  local e = ARGV[7 + i]
+  local d = string.sub(e, 1, 23)
+  if d < latest then
+    d = latest
+    e = latest .. string.sub(e, 24)
+  end
+  last = last + 1
+  redis.call('XADD', KEYS[1], string.format('%d-0', last), 'e', e)
+  latest = d
+end
+if n > 0 then
+  redis.call('HSET', KEYS[2], 'last', string.format('%d', last), 'dt', latest)
+  redis.call('HSETNX', KEYS[2], 'oldest', '1')
+  redis.call('PUBLISH', ARGV[5], string.format('head %s %d', ARGV[6], last))
+end
+if key ~= '' then
+  redis.call('HSET', KEYS[3], key, string.format('%d %d %d %d ', now, first, last, n) .. ARGV[2])
+  redis.call('ZADD', KEYS[4], now, key)
+end
+return {0, n, first, last}

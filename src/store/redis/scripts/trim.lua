@@ -1,0 +1,16 @@
+-- KEYS: log, meta, idem, idem-at; ARGV: wanted oldest seq, forget keys dated at or before (unix s)
+local meta = redis.call('HMGET', KEYS[2], 'oldest', 'last')
+local oldest = tonumber(meta[1] or '1')
+local last = tonumber(meta[2] or '0')
+local want = tonumber(ARGV[1])
+if want > last then want = last end
+local removed = 0
+if want > oldest then
+  redis.call('XTRIM', KEYS[1], 'MINID', string.format('%d-0', want))
+  redis.call('HSET', KEYS[2], 'oldest', string.format('%d', want))
+  removed = want - oldest
+end
+local expired = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', ARGV[2])
+for _, k in ipairs(expired) do redis.call('HDEL', KEYS[3], k) end
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', ARGV[2])
+return removed
