@@ -412,6 +412,28 @@ pub async fn events_reach_every_instance(e: &dyn Engine) {
             _ => assert!(tokio::time::Instant::now() < end, "event never arrived"),
         }
     }
+    // Every other kind of event arrives as it was sent.
+    for event in [
+        changehub::store::ClusterEvent::Released {
+            channel: "c".into(),
+        },
+        changehub::store::ClusterEvent::Pinged {
+            channel: "_ext-0123abcd".into(),
+        },
+    ] {
+        a.announce(&event).await.unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                match events.recv().await {
+                    Ok(got) if got == event => return true,
+                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(_) => return false,
+                }
+            }
+        })
+        .await;
+        assert_eq!(got, Ok(true), "{event:?} never arrived");
+    }
     // Heads move on every instance.
     let mut head = b.watch_head("c");
     a.append("c", changes("x", 3), None, OffsetDateTime::now_utc())

@@ -84,6 +84,9 @@ pub enum ClusterEvent {
     Subscription { channel: String, id: String },
     /// The owner of `channel` gave its lease up: another instance may take over now.
     Released { channel: String },
+    /// A publisher pinged the external topic of `channel` at an instance that does not own
+    /// it: the owner fetches the topic (it is the one that delivers what the fetch finds).
+    Pinged { channel: String },
 }
 
 /// The store, one trait for every engine. Implementations are cheap to share (`Arc<dyn Store>`).

@@ -40,7 +40,7 @@
 //! yields gapless seqs. Retention moves `oldest` forward and `XTRIM MINID`s the stream.
 //!
 //! Instances talk through the pub/sub channel `changehub:events` (`head c last`,
-//! `published c first last`, `subscription c id`, `released c`). Pub/sub is at most once, so
+//! `published c first last`, `subscription c id`, `released c`, `pinged c`). Pub/sub is at most once, so
 //! a listener task also re-reads every known channel's `last` and `published` after each
 //! (re)connection and every [`REFRESH`]: a lost message delays, never loses, a notification.
 //!
