@@ -111,7 +111,13 @@ impl Hub {
             Ownership::everything()
         };
         let client = net::outbound_client(config.allow_private_callbacks, config.delivery_timeout);
-        let external = External::new(config.clone(), store.clone(), client.clone(), &work);
+        let external = External::new(
+            config.clone(),
+            store.clone(),
+            client.clone(),
+            ownership.clone(),
+            &work,
+        );
         let fanout = Fanout::new(FanoutParts {
             config: config.clone(),
             store: store.clone(),

@@ -24,6 +24,11 @@
 //! an entry is new when its key was never seen and it is not older than the newest change
 //! already recorded. The memory is rebuilt from the log after a restart.
 //!
+//! Files: this one holds the registry ([`External`]: topics by channel, pings, following the
+//! other instances); `topic.rs` one topic and its latest content; `fetch.rs` fetching and
+//! deciding what a topic is; `seen.rs` the seen-set; `record.rs` the log writer;
+//! `publish.rs` what publishers send (pings, fat pings).
+//!
 //! Invariants:
 //! - HTTP handlers never wait for a fetch; only [`External::record`] (fat pings) waits, for the
 //!   store append.
@@ -31,37 +36,28 @@
 //! - Generic content is held in memory only (latest version per topic): it is not replayed
 //!   after a restart.
 
-use bytes::Bytes;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::OnceLock;
 use std::sync::{Arc, Mutex};
-use time::OffsetDateTime;
-use tokio::sync::{broadcast, watch};
+use tokio::sync::broadcast;
 
 use crate::batcher::{Batcher, ChannelFeed};
 use crate::config::Config;
-use crate::model::Retention;
-use crate::model::{format_datetime, NewChange};
-use crate::net;
-use crate::resourcesync::{self, Document, Limits, ParseError};
+use crate::ownership::Ownership;
 use crate::store::{ClusterEvent, Store, StoreError};
 use crate::work::Work;
 
-/// Largest topic body fetched.
-pub const MAX_FETCH_BYTES: usize = 8 << 20;
-/// Most Change Lists read from one Change List Index per fetch.
-pub const MAX_INDEX_LISTS: usize = 16;
-/// Most remembered entry keys per topic (beyond, only the high-water mark protects).
-const MAX_SEEN: usize = 200_000;
-/// Retention of an external topic's log.
-const RETENTION: Retention = Retention {
-    max_changes: 1_000_000,
-    max_age: None,
-};
+mod fetch;
+pub mod publish;
+mod record;
+mod seen;
+mod topic;
+
+pub use fetch::{fetch, Fetched, MAX_FETCH_BYTES, MAX_INDEX_LISTS};
+pub use topic::{Content, ContentRetry, FetchStatus, Kind, Topic};
+
 /// Prefix of internal channel names of external topics (not a valid `--channel` name).
 pub const CHANNEL_PREFIX: &str = "_ext-";
-
-pub mod publish;
 
 /// The internal channel of an external topic URL.
 pub fn channel_name(topic: &str) -> String {
@@ -84,93 +80,6 @@ pub fn is_allowed(config: &Config, topic: &str) -> bool {
         .any(|p| p == "*" || topic.starts_with(p.as_str()))
 }
 
-/// The latest fetched body of a generic (non-ResourceSync) topic.
-#[derive(Debug)]
-pub struct Content {
-    /// 1, 2, 3 … per topic, in this process.
-    pub version: u64,
-    pub body: Bytes,
-    pub content_type: Option<String>,
-    /// The topic's own `Link` links other than rel=hub and rel=self, as written.
-    pub links: Vec<String>,
-}
-
-/// What the last fetch found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Kind {
-    Unknown,
-    ChangeList,
-    Content,
-}
-
-#[derive(Debug, Clone, Default)]
-pub struct FetchStatus {
-    pub fetches: u64,
-    pub last_fetch: Option<OffsetDateTime>,
-    pub last_error: Option<String>,
-}
-
-/// A generic-content delivery being retried (shown by the admin API; kept in memory).
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct ContentRetry {
-    pub version: u64,
-    pub attempts: u32,
-    #[serde(with = "time::serde::rfc3339")]
-    pub next_attempt_at: OffsetDateTime,
-}
-
-#[derive(Default)]
-struct FetchGate {
-    running: bool,
-    again: bool,
-}
-
-#[derive(Default)]
-struct Seen {
-    loaded: bool,
-    keys: HashSet<(String, &'static str, String)>,
-    newest: Option<OffsetDateTime>,
-}
-
-/// One external topic.
-pub struct Topic {
-    pub url: String,
-    pub channel: String,
-    pub feed: Arc<ChannelFeed>,
-    content: watch::Sender<Option<Arc<Content>>>,
-    gate: Mutex<FetchGate>,
-    seen: tokio::sync::Mutex<Seen>,
-    kind: Mutex<Kind>,
-    status: Mutex<FetchStatus>,
-}
-
-impl Topic {
-    /// The latest generic content and its changes.
-    pub fn content(&self) -> watch::Receiver<Option<Arc<Content>>> {
-        self.content.subscribe()
-    }
-
-    pub fn content_version(&self) -> u64 {
-        self.content.borrow().as_ref().map_or(0, |c| c.version)
-    }
-
-    pub fn kind(&self) -> Kind {
-        *self.kind.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    pub fn status(&self) -> FetchStatus {
-        self.status
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-
-    fn set_kind(&self, kind: Kind) {
-        *self.kind.lock().unwrap_or_else(|e| e.into_inner()) = kind;
-    }
-}
-
 /// The registry of external topics.
 pub struct External {
     config: Arc<Config>,
@@ -178,6 +87,8 @@ pub struct External {
     client: reqwest::Client,
     topics: Mutex<HashMap<String, Arc<Topic>>>,
     retries: Mutex<HashMap<String, ContentRetry>>,
+    /// Which internal channels this instance delivers: it fetches only those topics.
+    ownership: Arc<Ownership>,
     work: Work,
     /// Starts the batching of a new internal channel on a shared store (the cluster's role
     /// task); unset on a store of one instance, where the batcher runs here.
@@ -192,6 +103,7 @@ impl External {
         config: Arc<Config>,
         store: Arc<dyn Store>,
         client: reqwest::Client,
+        ownership: Arc<Ownership>,
         work: &Work,
     ) -> Arc<External> {
         Arc::new(External {
@@ -200,6 +112,7 @@ impl External {
             client,
             topics: Mutex::new(HashMap::new()),
             retries: Mutex::new(HashMap::new()),
+            ownership,
             work: work.clone(),
             starter: OnceLock::new(),
         })
@@ -231,7 +144,7 @@ impl External {
 
     /// On a shared store: follows the subscriptions other instances verify, so that every
     /// instance knows every external topic (to serve its documents, and to take its channel
-    /// over). Runs until the hub stops.
+    /// over), and the publish pings they forward to the owner. Runs until the hub stops.
     pub async fn follow_other_instances(self: Arc<Self>) {
         let Some(mut events) = self.store.events() else {
             return;
@@ -249,6 +162,14 @@ impl External {
                 {
                     if let Err(e) = self.register_subscribed().await {
                         tracing::warn!(%channel, error = %e, "cannot load the subscriptions of an external topic");
+                    }
+                }
+                Ok(ClusterEvent::Pinged { channel }) => {
+                    if let Some(topic) = self.by_channel(&channel) {
+                        if self.ownership.owns(&channel) {
+                            tracing::debug!(topic = %topic.url, "forwarded publish ping: fetching");
+                            self.ping(topic);
+                        }
                     }
                 }
                 Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
@@ -311,16 +232,7 @@ impl External {
                     .spawn(batcher.run(self.work.batcher_stop.clone()));
             }
         }
-        let topic = Arc::new(Topic {
-            url: url.to_string(),
-            channel: channel.clone(),
-            feed,
-            content: watch::channel(None).0,
-            gate: Mutex::default(),
-            seen: tokio::sync::Mutex::default(),
-            kind: Mutex::new(Kind::Unknown),
-            status: Mutex::default(),
-        });
+        let topic = Arc::new(Topic::new(url, &channel, feed));
         topics.insert(channel, topic.clone());
         tracing::debug!(topic = url, "external topic registered");
         topic
@@ -328,14 +240,30 @@ impl External {
 
     /// A publish ping for the topic at `url`: fetched in the background when somebody
     /// subscribes to it (a topic nobody subscribes to has nothing to distribute).
+    ///
+    /// The instance that owns the topic's channel fetches it, since it delivers what the fetch
+    /// finds. On a shared store, another instance forwards the ping to the owner
+    /// ([`ClusterEvent::Pinged`]) and also keeps it, in case it becomes the owner itself
+    /// before anyone has acted on it (see [`Topic::take_missed_ping`]).
     pub fn ping_url(self: &Arc<Self>, url: &str) {
-        match self.by_url(url) {
-            Some(topic) => {
-                tracing::debug!(topic = %url, "publish ping: fetching");
-                self.ping(topic);
-            }
-            None => tracing::debug!(topic = %url, "publish ping for a topic without subscribers"),
+        let Some(topic) = self.by_url(url) else {
+            tracing::debug!(topic = %url, "publish ping for a topic without subscribers");
+            return;
+        };
+        if self.ownership.owns(&topic.channel) {
+            tracing::debug!(topic = %url, "publish ping: fetching");
+            self.ping(topic);
+            return;
         }
+        topic.miss_ping();
+        tracing::debug!(topic = %url, "publish ping: forwarded to the owner");
+        let (store, channel) = (self.store.clone(), topic.channel.clone());
+        self.work.tasks.spawn(async move {
+            let event = ClusterEvent::Pinged { channel };
+            if let Err(e) = store.announce(&event).await {
+                tracing::warn!(error = %e, "cannot forward a publish ping to the owner");
+            }
+        });
     }
 
     /// A publish ping: fetch the topic in the background, unless a fetch is already running,
@@ -367,311 +295,6 @@ impl External {
             }
         });
     }
-
-    async fn fetch_and_distribute(&self, topic: &Topic) {
-        let result = self.fetch_once(topic).await;
-        let mut status = topic.status.lock().unwrap_or_else(|e| e.into_inner());
-        status.fetches += 1;
-        status.last_fetch = Some(OffsetDateTime::now_utc());
-        status.last_error = result.err();
-        if let Some(e) = &status.last_error {
-            tracing::warn!(topic = %topic.url, error = %e, "external topic fetch failed");
-        }
-    }
-
-    async fn fetch_once(&self, topic: &Topic) -> Result<(), String> {
-        let fetched = fetch(
-            &self.client,
-            &topic.url,
-            self.config.allow_private_callbacks,
-        )
-        .await?;
-        let limits = Limits {
-            max_bytes: MAX_FETCH_BYTES,
-            ..Limits::default()
-        };
-        // Parsing up to 8 MiB is CPU work: keep it off the async workers.
-        let parsed = if looks_like_resourcesync(&fetched.body) {
-            let body = fetched.body.clone();
-            let parsed =
-                tokio::task::spawn_blocking(move || resourcesync::parse_document(&body, &limits))
-                    .await
-                    .map_err(|e| format!("parsing the topic failed: {e}"))?;
-            Some(parsed)
-        } else {
-            None
-        };
-        match parsed {
-            Some(Ok(Document::ChangeList { entries, .. })) => {
-                topic.set_kind(Kind::ChangeList);
-                let changes = valid_changes(&topic.url, entries.into_iter().map(|e| e.change));
-                let n = self
-                    .record(topic, changes)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                tracing::debug!(topic = %topic.url, new = n, "external Change List fetched");
-                Ok(())
-            }
-            Some(Ok(Document::ChangeListIndex { entries, .. })) => {
-                topic.set_kind(Kind::ChangeList);
-                self.read_index(topic, entries).await
-            }
-            Some(Err(e)) if is_broken_change_list(&e) => {
-                Err(format!("the topic is an invalid Change List: {e}"))
-            }
-            _ => {
-                topic.set_kind(Kind::Content);
-                self.set_content(topic, fetched);
-                Ok(())
-            }
-        }
-    }
-
-    /// Reads the Change Lists of an index that may hold new changes (open ones, and closed
-    /// ones that end after the newest change recorded), oldest first.
-    async fn read_index(
-        &self,
-        topic: &Topic,
-        mut lists: Vec<resourcesync::IndexEntry>,
-    ) -> Result<(), String> {
-        let newest = self.newest(topic).await.map_err(|e| e.to_string())?;
-        lists.retain(|l| match (l.until, newest) {
-            (Some(until), Some(newest)) => until >= newest,
-            _ => true,
-        });
-        lists.sort_by_key(|l| l.from);
-        if lists.len() > MAX_INDEX_LISTS {
-            lists.drain(..lists.len() - MAX_INDEX_LISTS);
-        }
-        let limits = Limits {
-            max_bytes: MAX_FETCH_BYTES,
-            ..Limits::default()
-        };
-        for list in lists {
-            if !is_allowed(&self.config, &list.loc) {
-                tracing::warn!(topic = %topic.url, list = %list.loc, "Change List outside the allowed prefixes; skipped");
-                continue;
-            }
-            let fetched = fetch(&self.client, &list.loc, self.config.allow_private_callbacks)
-                .await
-                .map_err(|e| format!("{}: {e}", list.loc))?;
-            let (_, entries) = resourcesync::parse_change_list(&fetched.body, &limits)
-                .map_err(|e| format!("{}: {e}", list.loc))?;
-            let changes = valid_changes(&list.loc, entries.into_iter().map(|e| e.change));
-            self.record(topic, changes)
-                .await
-                .map_err(|e| e.to_string())?;
-        }
-        Ok(())
-    }
-
-    fn set_content(&self, topic: &Topic, fetched: Fetched) {
-        let unchanged = topic
-            .content
-            .borrow()
-            .as_ref()
-            .is_some_and(|c| c.body == fetched.body && c.content_type == fetched.content_type);
-        if unchanged {
-            tracing::debug!(topic = %topic.url, "topic content unchanged; nothing to distribute");
-            return;
-        }
-        let links = fetched
-            .links
-            .iter()
-            .flat_map(|v| net::parse_links(v))
-            .filter(|l| !l.has_rel("hub") && !l.has_rel("self"))
-            .map(|l| l.raw)
-            .collect();
-        topic.content.send_modify(|c| {
-            let version = c.as_ref().map_or(0, |c| c.version) + 1;
-            *c = Some(Arc::new(Content {
-                version,
-                body: fetched.body,
-                content_type: fetched.content_type,
-                links,
-            }));
-        });
-    }
-
-    async fn newest(&self, topic: &Topic) -> Result<Option<OffsetDateTime>, StoreError> {
-        let mut seen = topic.seen.lock().await;
-        self.load_seen(topic, &mut seen).await?;
-        Ok(seen.newest)
-    }
-
-    async fn load_seen(&self, topic: &Topic, seen: &mut Seen) -> Result<(), StoreError> {
-        if seen.loaded {
-            return Ok(());
-        }
-        let logged = self
-            .store
-            .read_newest(&topic.channel, crate::catchup::MAX_LIST)
-            .await?;
-        for c in &logged {
-            seen.keys.insert((
-                c.loc.clone(),
-                c.change.as_str(),
-                format_datetime(c.datetime),
-            ));
-            if let Some(lm) = c.lastmod {
-                // A change dated before the log's newest was stored with a later datetime and
-                // its own time as lastmod: remember that key too.
-                seen.keys
-                    .insert((c.loc.clone(), c.change.as_str(), format_datetime(lm)));
-            }
-        }
-        seen.newest = logged.last().map(|c| c.datetime);
-        seen.loaded = true;
-        Ok(())
-    }
-
-    /// Appends the changes of `changes` not seen before to the topic's log; returns how many.
-    pub async fn record(
-        &self,
-        topic: &Topic,
-        changes: Vec<NewChange>,
-    ) -> Result<usize, StoreError> {
-        let mut seen = topic.seen.lock().await;
-        self.load_seen(topic, &mut seen).await?;
-        let mut fresh = Vec::new();
-        let mut batch_keys = HashSet::new();
-        let mut newest = seen.newest;
-        for c in changes {
-            let key = (
-                c.loc.clone(),
-                c.change.as_str(),
-                c.datetime.map(format_datetime).unwrap_or_default(),
-            );
-            let old = match (c.datetime, seen.newest) {
-                (Some(dt), Some(newest)) => dt < newest,
-                _ => false,
-            };
-            if old || seen.keys.contains(&key) || !batch_keys.insert(key) {
-                continue;
-            }
-            if let Some(dt) = c.datetime {
-                newest = Some(newest.map_or(dt, |n| n.max(dt)));
-            }
-            fresh.push(c);
-        }
-        if fresh.is_empty() {
-            return Ok(0);
-        }
-        let n = fresh.len();
-        self.store
-            .append(&topic.channel, fresh, None, OffsetDateTime::now_utc())
-            .await?;
-        if seen.keys.len() + batch_keys.len() > MAX_SEEN {
-            seen.keys.clear();
-        }
-        seen.keys.extend(batch_keys);
-        seen.newest = newest;
-        if let Err(e) = self
-            .store
-            .trim(&topic.channel, RETENTION, OffsetDateTime::now_utc())
-            .await
-        {
-            tracing::warn!(topic = %topic.url, error = %e, "retention failed");
-        }
-        tracing::info!(topic = %topic.url, new = n, "external topic changes recorded");
-        Ok(n)
-    }
-}
-
-/// Validated changes of a fetched document; invalid entries are skipped with a warning (the
-/// document is not ours to refuse).
-fn valid_changes(url: &str, changes: impl Iterator<Item = NewChange>) -> Vec<NewChange> {
-    changes
-        .enumerate()
-        .filter_map(|(i, c)| match c.validate() {
-            Ok(()) => Some(c),
-            Err(e) => {
-                tracing::warn!(topic = url, entry = i, error = %e, "invalid Change List entry skipped");
-                None
-            }
-        })
-        .collect()
-}
-
-/// Errors that mean "a Change List, but a broken one", as opposed to "not a ResourceSync
-/// document at all" (which is distributed as generic content).
-fn is_broken_change_list(e: &ParseError) -> bool {
-    matches!(
-        e,
-        ParseError::Entry { .. } | ParseError::Header(_) | ParseError::TooManyEntries { .. }
-    )
-}
-
-/// A cheap test before parsing: XML whose root is a sitemap `urlset` or `sitemapindex`.
-fn looks_like_resourcesync(body: &[u8]) -> bool {
-    let head = &body[..body.len().min(4096)];
-    let text = String::from_utf8_lossy(head);
-    text.trim_start_matches('\u{feff}')
-        .trim_start()
-        .starts_with('<')
-        && (text.contains("urlset") || text.contains("sitemapindex"))
-}
-
-/// A fetched topic.
-#[derive(Debug)]
-pub struct Fetched {
-    pub body: Bytes,
-    pub content_type: Option<String>,
-    /// Every `Link` header value.
-    pub links: Vec<String>,
-}
-
-/// GETs `url`: 2xx only, no redirects, at most [`MAX_FETCH_BYTES`], within the client's
-/// timeout.
-pub async fn fetch(
-    client: &reqwest::Client,
-    url: &str,
-    allow_private: bool,
-) -> Result<Fetched, String> {
-    let parsed = url::Url::parse(url).map_err(|e| format!("bad topic URL: {e}"))?;
-    net::check_target(&parsed, allow_private).map_err(|e| format!("topic refused: {e}"))?;
-    let mut resp = client
-        .get(parsed)
-        .send()
-        .await
-        .map_err(|e| format!("fetch failed: {e}"))?;
-    if !resp.status().is_success() {
-        return Err(format!("topic answered {}", resp.status()));
-    }
-    if resp
-        .content_length()
-        .is_some_and(|n| n > MAX_FETCH_BYTES as u64)
-    {
-        return Err(format!("topic is larger than {MAX_FETCH_BYTES} bytes"));
-    }
-    let content_type = resp
-        .headers()
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
-    let links = resp
-        .headers()
-        .get_all(http::header::LINK)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .map(str::to_string)
-        .collect();
-    let mut body = Vec::new();
-    while let Some(chunk) = resp
-        .chunk()
-        .await
-        .map_err(|e| format!("reading the topic failed: {e}"))?
-    {
-        if body.len() + chunk.len() > MAX_FETCH_BYTES {
-            return Err(format!("topic is larger than {MAX_FETCH_BYTES} bytes"));
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(Fetched {
-        body: Bytes::from(body),
-        content_type,
-        links,
-    })
 }
 
 #[cfg(test)]
@@ -701,14 +324,5 @@ mod tests {
         assert!(is_allowed(&config, "https://anything.example/x?y=1"));
         assert!(!is_allowed(&config, "ftp://example.com/a"));
         assert!(!is_allowed(&config, "not a url"));
-    }
-
-    #[test]
-    fn sniffing() {
-        assert!(looks_like_resourcesync(
-            b"\xef\xbb\xbf<?xml version=\"1.0\"?><urlset>"
-        ));
-        assert!(!looks_like_resourcesync(b"hello urlset"));
-        assert!(!looks_like_resourcesync(b"<html><body>hi</body></html>"));
     }
 }

@@ -100,6 +100,12 @@ impl Fanout {
         for sub in subs {
             self.refresh(sub).await?;
         }
+        // A publish ping that arrived before this instance owned an external topic.
+        if let Some(topic) = self.external.by_channel(channel) {
+            if topic.take_missed_ping() {
+                self.external.ping(topic);
+            }
+        }
         Ok(started)
     }
 
@@ -322,11 +328,11 @@ impl Fanout {
             return;
         }
         let cancel = self.work.cancel.child_token();
-        // Content fetched before the subscription is not delivered to it.
+        // Content fetched before the subscription was verified is not delivered to it.
         let content_version = self
             .external
             .by_channel(&sub.channel)
-            .map_or(0, |t| t.content_version());
+            .map_or(0, |t| t.content_baseline(sub.created_at));
         let (id, channel) = (sub.id.clone(), sub.channel.clone());
         let (tx, rx) = watch::channel(Arc::new(sub));
         let generation = {

@@ -18,6 +18,7 @@ pub struct Subscription {
     pub lease_seconds: u64,
     #[serde(with = "time::serde::rfc3339")]
     pub expires_at: OffsetDateTime,
+    /// When the subscription was verified (the latest verification, for a re-subscription).
     #[serde(with = "time::serde::rfc3339")]
     pub created_at: OffsetDateTime,
 }

@@ -697,3 +697,84 @@ async fn private_topics_are_refused_without_allow_private_callbacks() {
     assert_eq!(answer["received"], 2);
     assert_eq!(answer["new"], 0, "no subscriber: nothing recorded");
 }
+
+/// Two hub instances on one Redis: a publish ping reaches the instance that owns the topic
+/// (and delivers it), whichever instance the publisher pings. Each ping gives one
+/// notification with that publish's content.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ping_at_either_instance_reaches_the_owner() {
+    let topics = TopicServer::start().await;
+    let redis = RedisServer::start(false);
+    let start = || {
+        let (prefix, url) = (topics.prefix(), redis.url());
+        TestHub::start(move |c| {
+            c.allow_external_topics = vec![prefix];
+            c.store = StoreConfig::Redis { url };
+        })
+    };
+    let (a, b) = (start().await, start().await);
+    let path = "/two-instances/topic";
+    let topic = topics.url(path);
+    topics.put(path, html("before the subscription"));
+    let receiver = Receiver::start(Behaviour::default()).await;
+    let (status, text) = a
+        .hub_request(&[
+            ("hub.mode", "subscribe"),
+            ("hub.topic", &topic),
+            ("hub.callback", &receiver.url),
+        ])
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{text}");
+    receiver.wait_verified(1).await;
+    a.wait_subscribed(&receiver.url).await;
+    // Both instances know the topic, and one of them owns its channel.
+    let channel = changehub::external::channel_name(&topic);
+    wait_until("the other instance knows the topic", WAIT, || async {
+        admin_json(&b.url, "/api/channels")
+            .await
+            .as_array()
+            .is_some_and(|cs| cs.iter().any(|c| c["topic"] == topic))
+    })
+    .await;
+    let client = ::redis::Client::open(redis.url()).unwrap();
+    let conn = client.get_multiplexed_async_connection().await.unwrap();
+    wait_until("the topic has an owner", WAIT, || {
+        let mut conn = conn.clone();
+        let key = format!("changehub:{{{channel}}}:owner");
+        async move {
+            let owner: Option<String> = ::redis::cmd("GET")
+                .arg(key)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            owner.is_some()
+        }
+    })
+    .await;
+
+    let pings = [(&a, "first"), (&b, "second"), (&a, "third"), (&b, "fourth")];
+    for (i, (hub, post)) in pings.into_iter().enumerate() {
+        let doc = html(post);
+        topics.put(path, doc.clone());
+        let (status, text) = hub
+            .hub_request(&[("hub.mode", "publish"), ("hub.topic", &topic)])
+            .await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{text}");
+        receiver
+            .wait_for(&format!("notification {post}"), WAIT, |x| {
+                x.posts().len() > i
+            })
+            .await;
+        let n = &receiver.posts()[i];
+        assert_eq!(
+            String::from_utf8_lossy(&n.body).trim(),
+            String::from_utf8_lossy(&doc.body).trim(),
+            "ping {i} gave the content published with it"
+        );
+    }
+    assert_eq!(
+        receiver.posts().len(),
+        pings.len(),
+        "one notification per ping"
+    );
+}
