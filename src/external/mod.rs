@@ -17,7 +17,7 @@
 //!   content to each subscriber (standard WebSub). A body identical to the previous one is not
 //!   distributed again.
 //!
-//! Fat pings ([`External::record`] called from [`super::publish`]) skip the fetch: the posted
+//! Fat pings ([`External::record`] called from [`publish`]) skip the fetch: the posted
 //! Change List is recorded the same way.
 //!
 //! "Seen" is decided per topic by the key (`loc`, `change`, `datetime`) and a high-water mark:

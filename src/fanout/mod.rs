@@ -1,14 +1,13 @@
 //! Fan-out: WebSub subscriptions and the delivery of notifications to their callbacks.
 //!
-//! - [`websub`]: the `POST /hub` endpoint and the asynchronous verification of intent.
+//! - [`websub`]: checking a `POST /hub` subscription request, then (in the background) the
+//!   verification of intent and the change it makes.
 //! - [`delivery`]: one worker per verified subscription, delivering in seq order, one request
-//!   in flight, retrying with backoff; its progress is [`crate::store::DeliveryState`].
-//! - [`retry`]: the retry schedule (pure functions, so that it survives restarts).
+//!   in flight, retrying with backoff; its progress is [`crate::model::DeliveryState`].
 //! - [`signing`]: the HMAC behind `X-Hub-Signature`.
-//! - [`net`]: the outbound HTTP client (no redirects, no private addresses unless allowed).
-//! - [`external`]: external topics (`--allow-external-topics`): fetching, the internal channel
-//!   of a Change List topic, the latest content of any other topic.
-//! - [`publish`]: publish pings and fat pings on `POST /hub`.
+//!
+//! Elsewhere, and used from here: the retry schedule ([`crate::retry`]), the outbound HTTP
+//! client ([`crate::net`]), external topics ([`crate::external`]).
 //!
 //! [`Fanout`] is the registry of live subscriptions: it starts a worker when a subscription is
 //! verified (or found in the store at start-up), hands a re-verified subscription (new secret,

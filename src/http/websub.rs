@@ -1,8 +1,8 @@
 //! `POST /hub` (also `POST /publish`, the name ResourceSync publishers use): WebSub. By
 //! `Content-Type` and `hub.mode`:
-//! - an XML body is a fat ping ([`external::publish::fat_ping`]): 202 once its new changes
+//! - an XML body is a fat ping ([`crate::external::publish::fat_ping`]): 202 once its new changes
 //!   are durable;
-//! - `hub.mode=publish` is a publish ping ([`external::publish::ping`]): 202 at once;
+//! - `hub.mode=publish` is a publish ping ([`crate::external::publish::ping`]): 202 at once;
 //! - `hub.mode=subscribe|unsubscribe` is checked ([`websub::parse_request`]), answered 202,
 //!   and verified in the background ([`websub::process`]): this handler never waits on
 //!   outbound HTTP.

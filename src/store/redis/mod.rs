@@ -29,10 +29,10 @@
 //! the reverse). Pub/sub needs no key: `PUBLISH` (also from inside a script) reaches the
 //! subscribers on every node of a cluster.
 //!
-//! The connection is either one server (`redis://…`, `redis+unix://…`: a [`ConnectionManager`])
-//! or a Redis Cluster (`redis+cluster://host:port,host:port,…`: a [`ClusterConnection`] that
+//! The connection is either one server (`redis://…`, `redis+unix://…`: a `ConnectionManager`)
+//! or a Redis Cluster (`redis+cluster://host:port,host:port,…`: a `ClusterConnection` that
 //! routes each command, script and transaction to the primary of its slot and follows
-//! `MOVED`/`ASK` and topology changes); both behind [`Conn`], so every command and script
+//! `MOVED`/`ASK` and topology changes); both behind `conn::Conn`, so every command and script
 //! runs unchanged on either.
 //!
 //! Appends run as one Lua script (idempotency check, next seqs, datetime clamp, `XADD` with
