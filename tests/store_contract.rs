@@ -445,6 +445,161 @@ pub async fn events_reach_every_instance(e: &dyn Engine) {
         .unwrap();
 }
 
+fn described(loc: &str, kind: ChangeType, hash: &str) -> NewChange {
+    NewChange {
+        change: kind,
+        hash: Some(hash.into()),
+        length: Some(hash.len() as u64),
+        media_type: Some("text/plain".into()),
+        lastmod: Some(at("2023-06-01T00:00:00Z")),
+        ..change(loc)
+    }
+}
+
+/// The latest change of every loc, in the order of their seqs, deleted ones included.
+async fn whole_index(s: &dyn Store, channel: &str) -> Vec<(String, u64, ChangeType)> {
+    let page = s.resources(channel, 0, 1_000_000).await.unwrap();
+    page.resources
+        .iter()
+        .map(|c| (c.loc.clone(), c.seq, c.change))
+        .collect()
+}
+
+pub async fn resource_index_keeps_the_latest_change_of_each_loc(e: &dyn Engine) {
+    let s = e.open();
+    let now = at("2024-01-01T00:00:00Z");
+    assert_eq!(s.resource_count("c").await.unwrap(), 0);
+    assert_eq!(s.resources("c", 0, 10).await.unwrap().resources, vec![]);
+    let first = vec![
+        described("a", ChangeType::Created, "md5:aa"),
+        described("b", ChangeType::Created, "md5:bb"),
+        described("c", ChangeType::Created, "md5:cc"),
+    ];
+    s.append("c", first, None, now).await.unwrap();
+    let later = vec![
+        described("b", ChangeType::Updated, "md5:b2"),
+        described("a", ChangeType::Deleted, "md5:aa"),
+    ];
+    s.append("c", later, key("k", "f"), now).await.unwrap();
+    s.append("other", changes("x", 2), None, now).await.unwrap();
+    let url = |l: &str| format!("http://example.com/{l}");
+    assert_eq!(
+        whole_index(s.as_ref(), "c").await,
+        vec![
+            (url("c"), 3, ChangeType::Created),
+            (url("b"), 4, ChangeType::Updated),
+            (url("a"), 5, ChangeType::Deleted),
+        ]
+    );
+    assert_eq!(s.resource_count("c").await.unwrap(), 3);
+    assert_eq!(s.resource_count("other").await.unwrap(), 2);
+    // Every field of the latest change is kept.
+    let page = s.resources("c", 3, 1).await.unwrap();
+    assert_eq!(page.last, 5);
+    let b = &page.resources[0];
+    assert_eq!(b.hash.as_deref(), Some("md5:b2"));
+    assert_eq!(b.length, Some(6));
+    assert_eq!(b.media_type.as_deref(), Some("text/plain"));
+    assert_eq!(b.lastmod, Some(at("2023-06-01T00:00:00Z")));
+    assert_eq!(b.datetime, now);
+    // A replayed request changes nothing.
+    let replay = vec![described("c", ChangeType::Deleted, "md5:zz")];
+    assert!(matches!(
+        s.append("c", replay, key("k", "f"), now).await,
+        Ok(a) if a.replayed
+    ));
+    assert_eq!(whole_index(s.as_ref(), "c").await.len(), 3);
+    assert_eq!(whole_index(s.as_ref(), "c").await[0].1, 3);
+}
+
+/// Pages by seq list every resource at least once even when resources change between pages.
+pub async fn resource_pages_lose_nothing_while_resources_change(e: &dyn Engine) {
+    let s = e.open();
+    let now = at("2024-01-01T00:00:00Z");
+    s.append("c", changes("r", 10), None, now).await.unwrap();
+    let first = s.resources("c", 0, 4).await.unwrap();
+    assert_eq!(first.last, 10);
+    let seqs: Vec<u64> = first.resources.iter().map(|c| c.seq).collect();
+    assert_eq!(seqs, [1, 2, 3, 4]);
+    // r/0 (already listed) and r/6 (not yet) change before the next pages.
+    s.append("c", vec![change("r/0"), change("r/6")], None, now)
+        .await
+        .unwrap();
+    let mut after = 4;
+    let mut listed: Vec<String> = first.resources.iter().map(|c| c.loc.clone()).collect();
+    loop {
+        let page = s.resources("c", after, 4).await.unwrap();
+        let Some(last) = page.resources.last() else {
+            break;
+        };
+        after = last.seq;
+        listed.extend(page.resources.iter().map(|c| c.loc.clone()));
+    }
+    for i in 0..10 {
+        let loc = format!("http://example.com/r/{i}");
+        assert!(listed.contains(&loc), "{loc} listed");
+    }
+    assert_eq!(listed.len(), 11, "only the changed r/0 comes twice");
+    assert_eq!(s.resource_count("c").await.unwrap(), 10);
+}
+
+pub async fn retention_never_trims_the_index(e: &dyn Engine) {
+    let s = e.open();
+    let now = at("2024-01-01T00:00:00Z");
+    s.append("c", changes("r", 20), None, now).await.unwrap();
+    let retention = Retention {
+        max_changes: 2,
+        max_age: None,
+    };
+    s.trim("c", retention, now).await.unwrap();
+    assert_eq!(s.head("c").await.unwrap().oldest, 19);
+    assert_eq!(s.resource_count("c").await.unwrap(), 20);
+    assert_eq!(whole_index(s.as_ref(), "c").await.len(), 20);
+    drop(s);
+    let reopened = e.open();
+    assert_eq!(
+        whole_index(reopened.as_ref(), "c").await.len(),
+        20,
+        "durable"
+    );
+}
+
+/// Whatever the interleaving of concurrent appends, the index is the fold of the log.
+pub async fn index_matches_the_log_after_concurrent_appends(e: &dyn Engine) {
+    let s = e.open();
+    let now = at("2024-01-01T00:00:00Z");
+    let mut tasks = Vec::new();
+    for t in 0..8u64 {
+        let s = s.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..20u64 {
+                let batch = (0..3)
+                    .map(|j| change(&format!("r/{}", (t * 7 + i * 3 + j) % 30)))
+                    .collect();
+                s.append("c", batch, None, now).await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let log = s.read("c", 0, 10_000).await.unwrap();
+    assert_eq!(log.len(), 480);
+    let mut latest = std::collections::BTreeMap::new();
+    for c in &log {
+        latest.insert(c.seq, c.loc.clone());
+        latest.retain(|seq, loc| *seq == c.seq || *loc != c.loc);
+    }
+    let expected: Vec<(String, u64)> = latest.into_iter().map(|(seq, loc)| (loc, seq)).collect();
+    let index: Vec<(String, u64)> = whole_index(s.as_ref(), "c")
+        .await
+        .into_iter()
+        .map(|(loc, seq, _)| (loc, seq))
+        .collect();
+    assert_eq!(index, expected);
+    assert_eq!(s.resource_count("c").await.unwrap(), 30);
+}
+
 macro_rules! contract_tests {
     ($engine:ident, $make:expr) => {
         mod $engine {
@@ -460,6 +615,10 @@ macro_rules! contract_tests {
                 data_survives_reopening,
                 one_lease_holder_at_a_time,
                 events_reach_every_instance,
+                resource_index_keeps_the_latest_change_of_each_loc,
+                resource_pages_lose_nothing_while_resources_change,
+                retention_never_trims_the_index,
+                index_matches_the_log_after_concurrent_appends,
             );
         }
     };
@@ -557,6 +716,49 @@ async fn hear(
         }
         assert!(tokio::time::Instant::now() < end, "{id} never heard");
     }
+}
+
+/// A Redis store written before the resource index existed (no index keys, no `indexed` in
+/// the meta) completes its index from the retained log on first use; appends made meanwhile
+/// are never overwritten by older log entries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_older_data_is_indexed_on_first_use() {
+    let server = redis_server::RedisServer::start(false);
+    let s = changehub::store::RedisStore::open(&server.url()).unwrap();
+    let now = at("2024-01-01T00:00:00Z");
+    let batch: Vec<NewChange> = (0..2500)
+        .map(|i| change(&format!("r/{}", i % 1200)))
+        .collect();
+    s.append("c", batch, None, now).await.unwrap();
+    let client = ::redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = ::redis::pipe()
+        .del("changehub:{c}:res")
+        .del("changehub:{c}:res-seq")
+        .hdel("changehub:{c}:meta", "indexed")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let log = s.read("c", 0, 10_000).await.unwrap();
+    let mut expected = std::collections::BTreeMap::new();
+    for c in &log {
+        expected.insert(c.loc.clone(), c.seq);
+    }
+    assert_eq!(s.resource_count("c").await.unwrap(), 1200);
+    let page = s.resources("c", 0, 10_000).await.unwrap();
+    let got: std::collections::BTreeMap<String, u64> = page
+        .resources
+        .iter()
+        .map(|c| (c.loc.clone(), c.seq))
+        .collect();
+    assert_eq!(got, expected);
+    let indexed: Option<String> = ::redis::cmd("HGET")
+        .arg("changehub:{c}:meta")
+        .arg("indexed")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(indexed.as_deref(), Some("1"));
 }
 
 /// On a cluster, a store listens for events on one seed node: when that node dies, the

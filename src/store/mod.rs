@@ -12,6 +12,9 @@
 //! - An idempotency key seen before (per channel, within [`IDEMPOTENCY_TTL`]) returns the
 //!   first answer and appends nothing.
 //! - `watch_head` reports the last durable seq of a channel, never a seq that is not durable.
+//! - The resource index (the latest change of every `loc`, [`Store::resources`]) is written in
+//!   the same atomic write as the log, so the two never disagree; retention trims the log,
+//!   never the index.
 
 pub mod embedded;
 pub mod redis;
@@ -68,6 +71,17 @@ pub struct ChannelHead {
 
 impl ChannelHead {
     pub const EMPTY: ChannelHead = ChannelHead { oldest: 1, last: 0 };
+}
+
+/// One page of a channel's resource index (see [`Store::resources`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ResourcePage {
+    /// The latest change of each resource, in the order of their seqs; resources whose latest
+    /// change is `deleted` are included.
+    pub resources: Vec<Change>,
+    /// The channel's newest seq when the page was read: the page reflects every change up to
+    /// it.
+    pub last: u64,
 }
 
 /// What hub instances sharing one store tell each other (see [`crate::cluster`]).
@@ -127,6 +141,22 @@ pub trait Store: Send + Sync + 'static {
         retention: Retention,
         now: OffsetDateTime,
     ) -> Result<u64, StoreError>;
+
+    /// The resource index of `channel`: the latest change of each resource (`loc`) whose
+    /// latest change has a seq greater than `after`, in seq order, at most `limit`.
+    ///
+    /// Ordered by seq, pages read one after the other (`after` = the last seq of the previous
+    /// page) list every resource at least once, in a state at least as new as the first page's
+    /// `last`: a resource that changes meanwhile moves to a later page.
+    async fn resources(
+        &self,
+        channel: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<ResourcePage, StoreError>;
+
+    /// How many resources the index of `channel` describes (deleted ones included).
+    async fn resource_count(&self, channel: &str) -> Result<u64, StoreError>;
 
     async fn put_subscription(&self, sub: &Subscription) -> Result<(), StoreError>;
     /// Removes a subscription and its delivery state; true when it existed.

@@ -88,8 +88,13 @@ fn entry_to_change(id: &str, fields: &[Vec<u8>]) -> Result<Change, StoreError> {
             _ => None,
         })
         .ok_or_else(|| StoreError::Corrupt(format!("entry {id} lacks its change")))?;
+    decode_entry(seq, entry)
+}
+
+/// Rebuilds change `seq` from its entry (the `e` field of the log, the value of the index).
+pub(super) fn decode_entry(seq: u64, entry: &[u8]) -> Result<Change, StoreError> {
     if entry.len() < DT_KEY_LEN {
-        return Err(StoreError::Corrupt(format!("entry {id} is too short")));
+        return Err(StoreError::Corrupt(format!("entry {seq} is too short")));
     }
     let (d, c) = entry.split_at(DT_KEY_LEN);
     let d = std::str::from_utf8(d).map_err(|e| StoreError::Corrupt(e.to_string()))?;
@@ -115,7 +120,9 @@ pub(super) async fn append(
         .key(key(channel, "log"))
         .key(key(channel, "meta"))
         .key(key(channel, "idem"))
-        .key(key(channel, "idem-at"));
+        .key(key(channel, "idem-at"))
+        .key(key(channel, "res"))
+        .key(key(channel, "res-seq"));
     match &idempotency {
         Some(k) => invocation.arg(&k.key).arg(&k.fingerprint),
         None => invocation.arg("").arg(""),
@@ -130,6 +137,10 @@ pub(super) async fn append(
         serde_json::to_writer(&mut entry, &Stored::from(change))
             .map_err(|e| StoreError::Corrupt(e.to_string()))?;
         invocation.arg(entry);
+    }
+    // The resource index is keyed by loc: the script needs them apart from the JSON.
+    for change in &changes {
+        invocation.arg(&change.loc);
     }
     let mut conn = store.conn();
     let (status, accepted, first, last): (u8, u64, u64, u64) =

@@ -2,7 +2,7 @@
 //! subscriptions, delivery state and idempotency keys, so instances are disposable.
 //!
 //! Files: `conn` (the `--redis` URL and the command connection), `log` (append, read,
-//! head, trim), `subscriptions` (subscriptions and delivery state), `leases` (channel
+//! head, trim), `index` (the resource index), `subscriptions` (subscriptions and delivery state), `leases` (channel
 //! ownership), `events` (pub/sub between instances); the Lua scripts are in `scripts/`.
 //!
 //! Key layout — every key of channel `c` carries the hash tag `{c}`, so that all of them live
@@ -11,7 +11,9 @@
 //! | key | type | what |
 //! |---|---|---|
 //! | `changehub:{c}:log` | stream | the log; entry id `SEQ-0`, one field `e`: the final datetime as a 23-digit sortable key, then the change as the source sent it (JSON, empty fields left out) |
-//! | `changehub:{c}:meta` | hash | `last` (newest seq), `oldest` (first retained seq), `dt` (latest datetime key), `published` (what the owner announced) |
+//! | `changehub:{c}:meta` | hash | `last` (newest seq), `oldest` (first retained seq), `dt` (latest datetime key), `published` (what the owner announced), `indexed` (the resource index is complete) |
+//! | `changehub:{c}:res` | hash | resource index: loc → the log entry of its latest change |
+//! | `changehub:{c}:res-seq` | sorted set | resource index: loc by the seq of its latest change |
 //! | `changehub:{c}:idem` | hash | idempotency key → `at first last accepted fingerprint` |
 //! | `changehub:{c}:idem-at` | sorted set | idempotency key by time, to forget them after 24 h |
 //! | `changehub:{c}:subs` | hash | subscription id → subscription (JSON) |
@@ -60,11 +62,12 @@ use time::OffsetDateTime;
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::{Appended, ChannelHead, ClusterEvent, IdempotencyKey, Store, StoreError};
+use super::{Appended, ChannelHead, ClusterEvent, IdempotencyKey, ResourcePage, Store, StoreError};
 use crate::model::{Change, DeliveryState, NewChange, Retention, Subscription};
 
 mod conn;
 mod events;
+mod index;
 mod leases;
 mod log;
 mod subscriptions;
@@ -114,6 +117,8 @@ struct Scripts {
     lease: Script,
     release: Script,
     published: Script,
+    resources: Script,
+    backfill: Script,
 }
 
 impl Scripts {
@@ -124,6 +129,8 @@ impl Scripts {
             lease: Script::new(include_str!("scripts/lease.lua")),
             release: Script::new(include_str!("scripts/release.lua")),
             published: Script::new(include_str!("scripts/published.lua")),
+            resources: Script::new(include_str!("scripts/resources.lua")),
+            backfill: Script::new(include_str!("scripts/backfill.lua")),
         }
     }
 }
@@ -221,6 +228,19 @@ impl Store for RedisStore {
         now: OffsetDateTime,
     ) -> Result<u64, StoreError> {
         log::trim(self, channel, retention, now).await
+    }
+
+    async fn resources(
+        &self,
+        channel: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<ResourcePage, StoreError> {
+        index::page(self, channel, after, limit).await
+    }
+
+    async fn resource_count(&self, channel: &str) -> Result<u64, StoreError> {
+        index::count(self, channel).await
     }
 
     async fn put_subscription(&self, sub: &Subscription) -> Result<(), StoreError> {

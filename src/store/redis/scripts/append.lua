@@ -1,6 +1,7 @@
--- KEYS: log, meta, idem, idem-at
+-- KEYS: log, meta, idem, idem-at, res (loc -> entry), res-seq (loc by seq)
 -- ARGV: idempotency key ('' for none), fingerprint, now (unix s), ttl (s), events channel,
---       channel name, then one entry per change: its datetime key (23 digits) and its JSON
+--       channel name, then one entry per change: its datetime key (23 digits) and its JSON,
+--       then the loc of each change, in the same order
 local key = ARGV[1]
 local now = tonumber(ARGV[3])
 if key ~= '' then
@@ -17,7 +18,7 @@ local meta = redis.call('HMGET', KEYS[2], 'last', 'dt')
 local last = tonumber(meta[1] or '0')
 local latest = meta[2] or ''
 local first = last + 1
-local n = #ARGV - 6
+local n = (#ARGV - 6) / 2
 for i = 0, n - 1 do
   local e = ARGV[7 + i]
   local d = string.sub(e, 1, 23)
@@ -27,9 +28,14 @@ for i = 0, n - 1 do
   end
   last = last + 1
   redis.call('XADD', KEYS[1], string.format('%d-0', last), 'e', e)
+  local loc = ARGV[7 + n + i]
+  redis.call('HSET', KEYS[5], loc, e)
+  redis.call('ZADD', KEYS[6], last, loc)
   latest = d
 end
 if n > 0 then
+  -- A new channel's index is complete from the start; an older one is completed by backfill.lua.
+  if first == 1 then redis.call('HSET', KEYS[2], 'indexed', '1') end
   redis.call('HSET', KEYS[2], 'last', string.format('%d', last), 'dt', latest)
   redis.call('HSETNX', KEYS[2], 'oldest', '1')
   redis.call('PUBLISH', ARGV[5], string.format('head %s %d', ARGV[6], last))

@@ -8,6 +8,8 @@
 //! durable with the next durable commit, and losing it in a crash only means a notification is
 //! delivered again — which at-least-once delivery allows. Rare writes (subscriptions,
 //! trimming) use their own short transactions.
+//!
+//! The resource index (`index.rs`) is written by the same transaction as the log.
 
 use async_trait::async_trait;
 use redb::{
@@ -20,7 +22,9 @@ use std::sync::{Arc, Mutex};
 use time::OffsetDateTime;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::{Appended, ChannelHead, IdempotencyKey, Store, StoreError, IDEMPOTENCY_TTL};
+use super::{
+    Appended, ChannelHead, IdempotencyKey, ResourcePage, Store, StoreError, IDEMPOTENCY_TTL,
+};
 use crate::model::{Change, DeliveryState, NewChange, Retention, Subscription};
 
 const CHANGES: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("changes");
@@ -28,6 +32,9 @@ const CHANNELS: TableDefinition<&str, &[u8]> = TableDefinition::new("channels");
 const IDEMPOTENCY: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("idempotency");
 const SUBSCRIPTIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("subscriptions");
 const DELIVERY: TableDefinition<&str, &[u8]> = TableDefinition::new("delivery");
+
+mod index;
+use index::IndexWriter;
 
 /// Most appends committed in one transaction.
 const MAX_GROUP: usize = 256;
@@ -39,6 +46,12 @@ struct ChannelMeta {
     last: u64,
     #[serde(default, with = "time::serde::rfc3339::option")]
     last_datetime: Option<OffsetDateTime>,
+    /// How many resources the index describes.
+    #[serde(default)]
+    resources: u64,
+    /// False for a channel written before the resource index existed (built at open).
+    #[serde(default)]
+    indexed: bool,
 }
 
 impl Default for ChannelMeta {
@@ -47,6 +60,8 @@ impl Default for ChannelMeta {
             oldest: 1,
             last: 0,
             last_datetime: None,
+            resources: 0,
+            indexed: true,
         }
     }
 }
@@ -124,8 +139,11 @@ impl EmbeddedStore {
             txn.open_table(IDEMPOTENCY).map_err(unavailable)?;
             txn.open_table(SUBSCRIPTIONS).map_err(unavailable)?;
             txn.open_table(DELIVERY).map_err(unavailable)?;
+            txn.open_table(index::RESOURCES).map_err(unavailable)?;
+            txn.open_table(index::RESOURCE_ORDER).map_err(unavailable)?;
         }
         txn.commit().map_err(unavailable)?;
+        index::backfill(&db)?;
 
         let db = Arc::new(db);
         let heads: Arc<Mutex<HashMap<String, watch::Sender<u64>>>> = Arc::default();
@@ -287,6 +305,7 @@ fn append_in(
         None => ChannelMeta::default(),
     };
     let mut log = txn.open_table(CHANGES).map_err(unavailable)?;
+    let mut index = IndexWriter::open(txn)?;
     let first = meta.last + 1;
     let accepted = changes.len();
     for new in changes {
@@ -297,8 +316,12 @@ fn append_in(
             _ => wanted,
         };
         let change = Change::from_new(seq, new, datetime);
-        log.insert((channel, seq), encode(&change)?.as_slice())
+        let json = encode(&change)?;
+        log.insert((channel, seq), json.as_slice())
             .map_err(unavailable)?;
+        if index.record(channel, &change, &json)? {
+            meta.resources += 1;
+        }
         meta.last = seq;
         meta.last_datetime = Some(datetime);
     }
@@ -481,6 +504,23 @@ impl Store for EmbeddedStore {
             Ok(removed)
         })
         .await
+    }
+
+    async fn resources(
+        &self,
+        channel: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<ResourcePage, StoreError> {
+        let channel = channel.to_string();
+        self.blocking(move |db| index::read_page(db, &channel, after, limit))
+            .await
+    }
+
+    async fn resource_count(&self, channel: &str) -> Result<u64, StoreError> {
+        let channel = channel.to_string();
+        self.blocking(move |db| Ok(channel_meta(db, &channel)?.resources))
+            .await
     }
 
     async fn put_subscription(&self, sub: &Subscription) -> Result<(), StoreError> {
