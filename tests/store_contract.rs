@@ -543,6 +543,18 @@ pub async fn resource_pages_lose_nothing_while_resources_change(e: &dyn Engine) 
     assert_eq!(s.resource_count("c").await.unwrap(), 10);
 }
 
+pub async fn resource_marks_cut_the_index_into_pages(e: &dyn Engine) {
+    let s = e.open();
+    let now = at("2024-01-01T00:00:00Z");
+    assert_eq!(s.resource_marks("c", 3).await.unwrap(), Vec::<u64>::new());
+    s.append("c", changes("r", 10), None, now).await.unwrap();
+    // r/1 moves to the end: the index order is 1, 3, 4, …, 10, 11.
+    s.append("c", vec![change("r/1")], None, now).await.unwrap();
+    assert_eq!(s.resource_marks("c", 3).await.unwrap(), [4, 7, 10]);
+    assert_eq!(s.resource_marks("c", 10).await.unwrap(), [11]);
+    assert_eq!(s.resource_marks("c", 11).await.unwrap(), Vec::<u64>::new());
+}
+
 pub async fn retention_never_trims_the_index(e: &dyn Engine) {
     let s = e.open();
     let now = at("2024-01-01T00:00:00Z");
@@ -618,6 +630,7 @@ macro_rules! contract_tests {
                 resource_index_keeps_the_latest_change_of_each_loc,
                 resource_pages_lose_nothing_while_resources_change,
                 retention_never_trims_the_index,
+                resource_marks_cut_the_index_into_pages,
                 index_matches_the_log_after_concurrent_appends,
             );
         }

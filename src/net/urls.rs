@@ -58,6 +58,25 @@ impl Urls {
         url.into()
     }
 
+    /// The Resource List of `channel` (a Resource List Index when it has many resources).
+    pub fn resource_list(&self, channel: &str) -> String {
+        self.at(&["channels", channel, "resourcelist.xml"]).into()
+    }
+
+    /// One page of a Resource List Index: the resources whose latest change has a seq after
+    /// `after`, up to `upto` (the last page has no upper bound).
+    pub fn resource_list_page(&self, channel: &str, after: u64, upto: Option<u64>) -> String {
+        let mut url = self.at(&["channels", channel, "resourcelist.xml"]);
+        {
+            let mut query = url.query_pairs_mut();
+            query.append_pair("after", &after.to_string());
+            if let Some(upto) = upto {
+                query.append_pair("upto", &upto.to_string());
+            }
+        }
+        url.into()
+    }
+
     /// The channel name in a topic URL of this hub, if `topic` is one.
     pub fn channel_of_topic<'a>(&self, topic: &'a str) -> Option<&'a str> {
         topic

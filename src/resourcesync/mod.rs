@@ -54,7 +54,8 @@ mod tests;
 
 pub use parse::{parse_change_list, parse_document};
 pub use write::{
-    write_capability_list, write_change_list, write_change_list_index, write_source_description,
+    write_capability_list, write_change_list, write_change_list_index, write_resource_list,
+    write_resource_list_index, write_source_description,
 };
 
 /// The Sitemap namespace (`<urlset>`, `<sitemapindex>`, `<url>`, `<loc>`, `<lastmod>` …).
@@ -97,6 +98,20 @@ pub struct ChangeListHeader {
     pub links: Vec<DocLink>,
     /// Written as `ch:first` / `ch:last` attributes on the top-level `rs:md`.
     pub seq_range: Option<(u64, u64)>,
+}
+
+/// The document-level part of a Resource List (or of its index): when the snapshot began and
+/// ended, the links, and the seq it reflects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResourceListHeader {
+    /// `at` of the top-level `rs:md`: when the hub began to list.
+    pub at: OffsetDateTime,
+    /// `completed`: when it finished.
+    pub completed: Option<OffsetDateTime>,
+    pub links: Vec<DocLink>,
+    /// Written as `ch:seq`: every change up to this seq is reflected, so a destination goes on
+    /// with the changes after it.
+    pub seq: Option<u64>,
 }
 
 /// One `<sitemap>` of a Change List Index: a Change List and the interval it covers

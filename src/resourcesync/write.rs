@@ -16,7 +16,10 @@
 
 use time::OffsetDateTime;
 
-use super::{Capability, ChangeListHeader, DocLink, IndexEntry, HUB_NS, RS_NS, SITEMAP_NS};
+use super::{
+    Capability, ChangeListHeader, DocLink, IndexEntry, ResourceListHeader, HUB_NS, RS_NS,
+    SITEMAP_NS,
+};
 use crate::model::{format_datetime, Change, Link};
 
 const XML_DECL: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
@@ -99,6 +102,40 @@ pub fn write_source_description(links: &[DocLink], capability_lists: &[String]) 
         out.url_with_capability(loc, "capabilitylist");
     }
     out.raw("</urlset>\n");
+    out.buf
+}
+
+/// Renders a Resource List (`<urlset>`, `<rs:md capability="resourcelist" at=..
+/// [completed=..] [ch:seq=..]>`): each resource as `<url>` with `<loc>`, `<lastmod>` (its
+/// `lastmod`, else the datetime of its latest change), `<rs:md [hash] [length] [type]
+/// ch:seq/>` (the seq of its latest change) and its links.
+pub fn write_resource_list(header: &ResourceListHeader, resources: &[Change]) -> Vec<u8> {
+    let estimate: usize = resources.iter().map(estimate_change).sum();
+    let mut out = Out::with_capacity(512 + links_size(&header.links) + estimate);
+    out.open_root("urlset", true);
+    out.resource_list_md(header);
+    out.doc_links(&header.links);
+    for resource in resources {
+        out.resource(resource);
+    }
+    out.raw("</urlset>\n");
+    out.buf
+}
+
+/// Renders a Resource List Index (`<sitemapindex>` with the same `rs:md` as a Resource List):
+/// one `<sitemap><loc/></sitemap>` per page.
+pub fn write_resource_list_index(header: &ResourceListHeader, pages: &[String]) -> Vec<u8> {
+    let estimate: usize = pages.iter().map(|p| 48 + p.len()).sum();
+    let mut out = Out::with_capacity(512 + links_size(&header.links) + estimate);
+    out.open_root("sitemapindex", true);
+    out.resource_list_md(header);
+    out.doc_links(&header.links);
+    for page in pages {
+        out.raw("  <sitemap>\n    <loc>");
+        out.text(page);
+        out.raw("</loc>\n  </sitemap>\n");
+    }
+    out.raw("</sitemapindex>\n");
     out.buf
 }
 
@@ -216,6 +253,39 @@ impl Out {
             self.u64_attr("ch:last", last);
         }
         self.raw("/>\n");
+    }
+
+    fn resource_list_md(&mut self, header: &ResourceListHeader) {
+        self.raw("  <rs:md capability=\"resourcelist\"");
+        self.datetime_attr("at", header.at);
+        self.opt_datetime_attr("completed", header.completed);
+        if let Some(seq) = header.seq {
+            self.u64_attr("ch:seq", seq);
+        }
+        self.raw("/>\n");
+    }
+
+    fn resource(&mut self, c: &Change) {
+        self.raw("  <url>\n    <loc>");
+        self.text(&c.loc);
+        self.raw("</loc>\n    <lastmod>");
+        self.raw(&format_datetime(c.lastmod.unwrap_or(c.datetime)));
+        self.raw("</lastmod>\n    <rs:md");
+        if let Some(hash) = &c.hash {
+            self.attr("hash", hash);
+        }
+        if let Some(length) = c.length {
+            self.u64_attr("length", length);
+        }
+        if let Some(media_type) = &c.media_type {
+            self.attr("type", media_type);
+        }
+        self.u64_attr("ch:seq", c.seq);
+        self.raw("/>\n");
+        for link in &c.links {
+            self.link(link);
+        }
+        self.raw("  </url>\n");
     }
 
     fn doc_links(&mut self, links: &[DocLink]) {

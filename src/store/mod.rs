@@ -158,6 +158,10 @@ pub trait Store: Send + Sync + 'static {
     /// How many resources the index of `channel` describes (deleted ones included).
     async fn resource_count(&self, channel: &str) -> Result<u64, StoreError>;
 
+    /// Page boundaries of the resource index: the seq of the resource at rank `every`,
+    /// `2 × every`, … in seq order (ranks from 1; deleted resources count).
+    async fn resource_marks(&self, channel: &str, every: usize) -> Result<Vec<u64>, StoreError>;
+
     async fn put_subscription(&self, sub: &Subscription) -> Result<(), StoreError>;
     /// Removes a subscription and its delivery state; true when it existed.
     async fn delete_subscription(&self, id: &str) -> Result<bool, StoreError>;

@@ -111,6 +111,27 @@ pub(super) fn read_page(
     Ok(page)
 }
 
+/// The seq at every `every`-th position of the index, in seq order.
+pub(super) fn marks(db: &Database, channel: &str, every: usize) -> Result<Vec<u64>, StoreError> {
+    let txn = db.begin_read().map_err(unavailable)?;
+    let order = txn.open_table(RESOURCE_ORDER).map_err(unavailable)?;
+    let mut out = Vec::new();
+    if every == 0 {
+        return Ok(out);
+    }
+    for (i, entry) in order
+        .range((channel, 0)..=(channel, u64::MAX))
+        .map_err(unavailable)?
+        .enumerate()
+    {
+        if (i + 1) % every == 0 {
+            let (k, _) = entry.map_err(unavailable)?;
+            out.push(k.value().1);
+        }
+    }
+    Ok(out)
+}
+
 /// Builds the index of every channel whose log was written before the index existed, from
 /// what its log retains. Runs once per channel (the channel's meta then says `indexed`).
 pub(super) fn backfill(db: &Database) -> Result<(), StoreError> {

@@ -523,6 +523,12 @@ impl Store for EmbeddedStore {
             .await
     }
 
+    async fn resource_marks(&self, channel: &str, every: usize) -> Result<Vec<u64>, StoreError> {
+        let channel = channel.to_string();
+        self.blocking(move |db| index::marks(db, &channel, every))
+            .await
+    }
+
     async fn put_subscription(&self, sub: &Subscription) -> Result<(), StoreError> {
         let id = sub.id.clone();
         let bytes = encode(sub)?;

@@ -72,6 +72,37 @@ pub(super) async fn count(store: &RedisStore, channel: &str) -> Result<u64, Stor
     timed(conn.zcard(key(channel, "res-seq"))).await
 }
 
+pub(super) async fn marks(
+    store: &RedisStore,
+    channel: &str,
+    every: usize,
+) -> Result<Vec<u64>, StoreError> {
+    let total = count(store, channel).await?;
+    if every == 0 {
+        return Ok(Vec::new());
+    }
+    let ranks: Vec<u64> = (1..)
+        .map(|k| k * every as u64)
+        .take_while(|&r| r <= total)
+        .collect();
+    let mut out = Vec::with_capacity(ranks.len());
+    let mut conn = store.conn();
+    for chunk in ranks.chunks(500) {
+        let mut pipe = redis::pipe();
+        for rank in chunk {
+            let at = rank - 1;
+            pipe.cmd("ZRANGE")
+                .arg(key(channel, "res-seq"))
+                .arg(at)
+                .arg(at)
+                .arg("WITHSCORES");
+        }
+        let replies: Vec<Vec<(String, u64)>> = timed(pipe.query_async(&mut conn)).await?;
+        out.extend(replies.into_iter().flatten().map(|(_, seq)| seq));
+    }
+    Ok(out)
+}
+
 /// Completes the index of a channel logged before the index existed.
 async fn ensure_indexed(store: &RedisStore, channel: &str) -> Result<(), StoreError> {
     let mut conn = store.conn();

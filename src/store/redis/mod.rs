@@ -243,6 +243,10 @@ impl Store for RedisStore {
         index::count(self, channel).await
     }
 
+    async fn resource_marks(&self, channel: &str, every: usize) -> Result<Vec<u64>, StoreError> {
+        index::marks(self, channel, every).await
+    }
+
     async fn put_subscription(&self, sub: &Subscription) -> Result<(), StoreError> {
         subscriptions::put(self, sub).await
     }
