@@ -5,17 +5,27 @@
 //! - [`changes_after`]: the exact page of changes after a seq, with a `next` link while more
 //!   remain; [`CatchupError::Gone`] with the oldest retained seq when the seq fell out of
 //!   retention.
+//! - [`resource_list`]: the Resource List, from the resource index, with the seq it reflects
+//!   (a Resource List Index of pages when the channel has more than [`MAX_RESOURCES`]
+//!   resources); [`resource_list_page`] serves one page.
 //! - [`capability_list`] and [`source_description`]: ResourceSync discovery.
 //!
 //! Everything here only reads the store. Access rules (private channels) are checked by the
 //! caller.
 
+use time::OffsetDateTime;
+
+use crate::model::{Change, ChangeType};
 use crate::net::Urls;
-use crate::resourcesync::{self, Capability, ChangeListHeader, DocLink};
+use crate::resourcesync::{self, Capability, ChangeListHeader, DocLink, ResourceListHeader};
 use crate::store::{Store, StoreError};
 
 /// Most changes in the open Change List and in one `changes?after=` page.
 pub const MAX_LIST: usize = 50_000;
+/// Most resources in one Resource List (or one page of its index).
+pub const MAX_RESOURCES: usize = 50_000;
+/// Index entries read from the store at a time.
+const INDEX_READ: usize = 5_000;
 /// Default page size of `changes?after=`.
 pub const DEFAULT_PAGE: usize = 1_000;
 
@@ -24,6 +34,9 @@ pub enum CatchupError {
     /// The changes after the asked seq are no longer retained.
     #[error("changes after {after} are no longer retained; the oldest retained seq is {oldest}")]
     Gone { after: u64, oldest: u64 },
+    /// A Resource List page whose bounds make no sense.
+    #[error("{0}")]
+    BadPage(String),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -100,16 +113,154 @@ pub async fn changes_after(
     })
 }
 
+/// A Resource List (or one of its pages, or its index) and the seq it reflects: a destination
+/// that mirrors it goes on with `changes?after=` that seq, and nothing is lost.
+#[derive(Debug)]
+pub struct Snapshot {
+    pub body: Vec<u8>,
+    pub seq: u64,
+}
+
+/// The Resource List of `channel`: every resource whose latest change is not `deleted`. When
+/// the index describes more than [`MAX_RESOURCES`] resources, a Resource List Index whose
+/// pages split the index by seq ([`Store::resource_marks`]).
+pub async fn resource_list(
+    store: &dyn Store,
+    urls: &Urls,
+    channel: &str,
+) -> Result<Snapshot, StoreError> {
+    let at = OffsetDateTime::now_utc();
+    let up = DocLink::new("up", urls.capability_list(channel));
+    if store.resource_count(channel).await? <= MAX_RESOURCES as u64 {
+        let (resources, seq) = listed(store, channel, 0, None).await?;
+        let header = ResourceListHeader {
+            at,
+            completed: Some(OffsetDateTime::now_utc()),
+            links: vec![up],
+            seq: Some(seq),
+        };
+        return Ok(Snapshot {
+            body: resourcesync::write_resource_list(&header, &resources),
+            seq,
+        });
+    }
+    let seq = store.head(channel).await?.last;
+    let marks = store.resource_marks(channel, MAX_RESOURCES).await?;
+    let mut pages = Vec::with_capacity(marks.len() + 1);
+    let mut after = 0;
+    for &mark in &marks {
+        pages.push(urls.resource_list_page(channel, after, Some(mark)));
+        after = mark;
+    }
+    pages.push(urls.resource_list_page(channel, after, None));
+    let header = ResourceListHeader {
+        at,
+        completed: Some(OffsetDateTime::now_utc()),
+        links: vec![up],
+        seq: Some(seq),
+    };
+    Ok(Snapshot {
+        body: resourcesync::write_resource_list_index(&header, &pages),
+        seq,
+    })
+}
+
+/// One page of a Resource List Index: the resources whose latest change has a seq in
+/// (`after`, `upto`] (`upto` absent: to the end), deleted ones left out.
+pub async fn resource_list_page(
+    store: &dyn Store,
+    urls: &Urls,
+    channel: &str,
+    after: u64,
+    upto: Option<u64>,
+) -> Result<Snapshot, CatchupError> {
+    let at = OffsetDateTime::now_utc();
+    if let Some(upto) = upto {
+        if upto <= after {
+            return Err(CatchupError::BadPage(format!(
+                "upto ({upto}) must be greater than after ({after})"
+            )));
+        }
+        if upto - after > (MAX_RESOURCES as u64) * 64 {
+            return Err(CatchupError::BadPage(
+                "not a page of this hub's Resource List Index".into(),
+            ));
+        }
+    }
+    let head = store.head(channel).await?;
+    if after > head.last {
+        return Err(CatchupError::BadPage(format!(
+            "after ({after}) is beyond the channel's newest seq ({})",
+            head.last
+        )));
+    }
+    let (resources, seq) = listed(store, channel, after, upto).await?;
+    if resources.len() > MAX_RESOURCES * 2 {
+        return Err(CatchupError::BadPage(
+            "not a page of this hub's Resource List Index".into(),
+        ));
+    }
+    let header = ResourceListHeader {
+        at,
+        completed: Some(OffsetDateTime::now_utc()),
+        links: vec![
+            DocLink::new("up", urls.capability_list(channel)),
+            DocLink::new("index", urls.resource_list(channel)),
+        ],
+        seq: Some(seq),
+    };
+    Ok(Snapshot {
+        body: resourcesync::write_resource_list(&header, &resources),
+        seq,
+    })
+}
+
+/// The resources of the index whose latest change has a seq in (`after`, `upto`], not
+/// deleted, and the channel's seq when the first part was read.
+async fn listed(
+    store: &dyn Store,
+    channel: &str,
+    after: u64,
+    upto: Option<u64>,
+) -> Result<(Vec<Change>, u64), StoreError> {
+    let mut out = Vec::new();
+    let mut seq = None;
+    let mut cursor = after;
+    loop {
+        let page = store.resources(channel, cursor, INDEX_READ).await?;
+        seq.get_or_insert(page.last);
+        let read = page.resources.len();
+        for change in page.resources {
+            if upto.is_some_and(|upto| change.seq > upto) {
+                return Ok((out, seq.unwrap_or(0)));
+            }
+            cursor = change.seq;
+            if change.change != ChangeType::Deleted {
+                out.push(change);
+            }
+        }
+        if read < INDEX_READ {
+            return Ok((out, seq.unwrap_or(0)));
+        }
+    }
+}
+
 /// The Capability List of `channel`.
 pub fn capability_list(urls: &Urls, channel: &str) -> Vec<u8> {
     let links = [
         DocLink::new("up", urls.source_description()),
         DocLink::new("hub", urls.hub()),
     ];
-    let caps = [Capability {
-        loc: urls.topic(channel),
-        capability: "changelist".into(),
-    }];
+    let caps = [
+        Capability {
+            loc: urls.topic(channel),
+            capability: "changelist".into(),
+        },
+        Capability {
+            loc: urls.resource_list(channel),
+            capability: "resourcelist".into(),
+        },
+    ];
     resourcesync::write_capability_list(&links, &caps)
 }
 

@@ -133,6 +133,7 @@ pub async fn changes_after(
             oldest: Some(oldest),
             ..ApiError::new(StatusCode::GONE, e.to_string())
         },
+        e @ CatchupError::BadPage(_) => ApiError::bad_request(e.to_string()),
         CatchupError::Store(e) => ApiError::from(e),
     })?;
     let mut links = net::hub_links(&state.config.urls.hub(), &topic);
@@ -141,6 +142,57 @@ pub async fn changes_after(
     }
     let mut response = xml(page.body);
     set_header(&mut response, http::header::LINK, &links);
+    Ok(response)
+}
+
+#[derive(Debug, Deserialize)]
+pub struct PageQuery {
+    after: Option<String>,
+    upto: Option<String>,
+    token: Option<String>,
+}
+
+fn seq_param(name: &str, value: Option<&str>) -> Result<Option<u64>, ApiError> {
+    value
+        .map(|v| {
+            v.parse::<u64>().map_err(|_| {
+                ApiError::bad_request(format!("{name} must be a seq (a non-negative integer)"))
+            })
+        })
+        .transpose()
+}
+
+/// `GET /channels/{name}/resourcelist.xml`, and its pages `?after=SEQ[&upto=SEQ]`. The seq the
+/// document reflects is also in `X-Changehub-Seq`.
+pub async fn resource_list(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    Query(q): Query<PageQuery>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    readable(&state, &name, &headers, q.token.as_deref())?;
+    let after = seq_param("after", q.after.as_deref())?;
+    let upto = seq_param("upto", q.upto.as_deref())?;
+    let (store, urls) = (state.store.as_ref(), &state.config.urls);
+    let snapshot = match (after, upto) {
+        (None, None) => catchup::resource_list(store, urls, &name).await?,
+        (None, Some(_)) => return Err(ApiError::bad_request("upto needs after")),
+        (Some(after), upto) => catchup::resource_list_page(store, urls, &name, after, upto)
+            .await
+            .map_err(|e| match e {
+                e @ (CatchupError::BadPage(_) | CatchupError::Gone { .. }) => {
+                    ApiError::bad_request(e.to_string())
+                }
+                CatchupError::Store(e) => ApiError::from(e),
+            })?,
+    };
+    let mut response = xml(snapshot.body);
+    set_header(
+        &mut response,
+        http::HeaderName::from_static("x-changehub-seq"),
+        &snapshot.seq.to_string(),
+    );
+    set_header(&mut response, http::header::CACHE_CONTROL, "no-cache");
     Ok(response)
 }
 

@@ -73,6 +73,10 @@ pub fn router(state: AppState) -> Router {
             get(catchup::capability_list),
         )
         .route(
+            "/channels/{name}/resourcelist.xml",
+            get(catchup::resource_list),
+        )
+        .route(
             "/.well-known/resourcesync",
             get(catchup::source_description),
         )

@@ -13,6 +13,7 @@ mod crash;
 mod end_to_end;
 mod external;
 mod live;
+mod resources;
 mod shutdown;
 mod topics;
 mod websub;
