@@ -56,8 +56,17 @@ pub async fn changelist(
     channel: &str,
 ) -> Result<Vec<u8>, StoreError> {
     let changes = store.read_newest(channel, MAX_LIST).await?;
+    // `from` is mandatory: an empty list starts when the channel began.
+    let from = match changes.first() {
+        Some(first) => first.datetime,
+        None => {
+            store
+                .channel_created(channel, OffsetDateTime::now_utc())
+                .await?
+        }
+    };
     let header = ChangeListHeader {
-        from: changes.first().map(|c| c.datetime),
+        from: Some(from),
         until: None,
         links: vec![DocLink::new("up", urls.capability_list(channel))],
         seq_range: changes

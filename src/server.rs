@@ -148,6 +148,13 @@ impl Hub {
             }
             None
         };
+        // Each channel's beginning is recorded once (an empty Change List's `from`).
+        let now = time::OffsetDateTime::now_utc();
+        for name in config.channels.keys() {
+            if let Err(e) = store.channel_created(name, now).await {
+                tracing::warn!(channel = %name, error = %e, "cannot record the channel's start; will on first read");
+            }
+        }
         // External topics with stored subscriptions are served again (on every store).
         if let Err(e) = external.register_subscribed().await {
             tracing::warn!(error = %e, "cannot load the subscriptions of external topics");

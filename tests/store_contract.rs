@@ -555,6 +555,19 @@ pub async fn resource_marks_cut_the_index_into_pages(e: &dyn Engine) {
     assert_eq!(s.resource_marks("c", 11).await.unwrap(), Vec::<u64>::new());
 }
 
+pub async fn channel_start_is_recorded_once(e: &dyn Engine) {
+    let s = e.open();
+    let first = at("2024-01-01T00:00:00.123456789Z");
+    assert_eq!(s.channel_created("c", first).await.unwrap(), first);
+    let later = at("2024-02-01T00:00:00Z");
+    assert_eq!(s.channel_created("c", later).await.unwrap(), first);
+    s.append("c", changes("x", 2), None, later).await.unwrap();
+    assert_eq!(s.channel_created("c", later).await.unwrap(), first);
+    assert_eq!(s.channel_created("d", later).await.unwrap(), later);
+    drop(s);
+    assert_eq!(e.open().channel_created("c", later).await.unwrap(), first);
+}
+
 pub async fn retention_never_trims_the_index(e: &dyn Engine) {
     let s = e.open();
     let now = at("2024-01-01T00:00:00Z");
@@ -630,6 +643,7 @@ macro_rules! contract_tests {
                 resource_index_keeps_the_latest_change_of_each_loc,
                 resource_pages_lose_nothing_while_resources_change,
                 retention_never_trims_the_index,
+                channel_start_is_recorded_once,
                 resource_marks_cut_the_index_into_pages,
                 index_matches_the_log_after_concurrent_appends,
             );

@@ -133,6 +133,14 @@ pub trait Store: Send + Sync + 'static {
     /// A receiver of the channel's last durable seq, updated after every append.
     fn watch_head(&self, channel: &str) -> watch::Receiver<u64>;
 
+    /// When `channel` began: recorded as `now` by the first call, the same ever after. An empty
+    /// Change List gives it as its `from`.
+    async fn channel_created(
+        &self,
+        channel: &str,
+        now: OffsetDateTime,
+    ) -> Result<OffsetDateTime, StoreError>;
+
     /// Applies retention to `channel` and forgets expired idempotency keys; returns how many
     /// changes were removed. The newest change is always kept.
     async fn trim(

@@ -191,3 +191,30 @@ async fn idempotency_key_makes_a_retry_count_once() {
     assert_eq!(conflict.status(), 422);
     assert_eq!(hub.catch_up(0).await, vec![1, 2]);
 }
+
+/// A fresh channel's topic is an empty Change List that still has its mandatory `from`: the
+/// time the channel began, the same on every read and after a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_change_list_has_its_from() {
+    let dir = tempfile::tempdir().unwrap();
+    let before = time::OffsetDateTime::now_utc();
+    let get = |hub: &TestHub| {
+        let (client, url) = (hub.client.clone(), hub.topic());
+        async move { client.get(url).send().await.unwrap().bytes().await.unwrap() }
+    };
+    let mut hub = TestHub::start_in(dir.path().to_path_buf(), |_| {}).await;
+    let body = get(&hub).await;
+    let (header, entries) =
+        changehub::resourcesync::parse_change_list(&body, &big_limits()).unwrap();
+    assert!(entries.is_empty());
+    let from = header.from.expect("from on an empty Change List");
+    assert!(
+        from >= before && from <= time::OffsetDateTime::now_utc(),
+        "{from}"
+    );
+    hub.stop().await;
+    let again = TestHub::start_in(dir.path().to_path_buf(), |_| {}).await;
+    let body = get(&again).await;
+    let (header, _) = changehub::resourcesync::parse_change_list(&body, &big_limits()).unwrap();
+    assert_eq!(header.from, Some(from), "the same after a restart");
+}

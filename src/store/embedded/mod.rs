@@ -52,6 +52,9 @@ struct ChannelMeta {
     /// False for a channel written before the resource index existed (built at open).
     #[serde(default)]
     indexed: bool,
+    /// When the channel began (see `Store::channel_created`).
+    #[serde(default, with = "time::serde::rfc3339::option")]
+    created: Option<OffsetDateTime>,
 }
 
 impl Default for ChannelMeta {
@@ -62,6 +65,7 @@ impl Default for ChannelMeta {
             last_datetime: None,
             resources: 0,
             indexed: true,
+            created: None,
         }
     }
 }
@@ -502,6 +506,39 @@ impl Store for EmbeddedStore {
             }
             txn.commit().map_err(unavailable)?;
             Ok(removed)
+        })
+        .await
+    }
+
+    async fn channel_created(
+        &self,
+        channel: &str,
+        now: OffsetDateTime,
+    ) -> Result<OffsetDateTime, StoreError> {
+        if let Some(created) = channel_meta(&self.db, channel)?.created {
+            return Ok(created);
+        }
+        let channel = channel.to_string();
+        self.blocking(move |db| {
+            let txn = db.begin_write().map_err(unavailable)?;
+            let created;
+            {
+                let mut table = txn.open_table(CHANNELS).map_err(unavailable)?;
+                let mut meta = match table.get(channel.as_str()).map_err(unavailable)? {
+                    Some(v) => decode::<ChannelMeta>(v.value())?,
+                    None => ChannelMeta::default(),
+                };
+                if let Some(known) = meta.created {
+                    return Ok(known);
+                }
+                created = now;
+                meta.created = Some(now);
+                table
+                    .insert(channel.as_str(), encode(&meta)?.as_slice())
+                    .map_err(unavailable)?;
+            }
+            txn.commit().map_err(unavailable)?;
+            Ok(created)
         })
         .await
     }

@@ -242,6 +242,25 @@ pub(super) fn watch_head(store: &RedisStore, channel: &str) -> watch::Receiver<u
     rx
 }
 
+/// When `channel` began: `created` in its meta, set by the first call (`HSETNX`).
+pub(super) async fn channel_created(
+    store: &RedisStore,
+    channel: &str,
+    now: OffsetDateTime,
+) -> Result<OffsetDateTime, StoreError> {
+    let mut conn = store.conn();
+    let meta = key(channel, "meta");
+    let (_, created): (bool, String) = timed(
+        redis::pipe()
+            .atomic()
+            .hset_nx(&meta, "created", datetime_key(now))
+            .hget(&meta, "created")
+            .query_async(&mut conn),
+    )
+    .await?;
+    datetime_from_key(&created)
+}
+
 /// Drops what `retention` no longer keeps (the newest change always stays) and forgets
 /// idempotency keys older than [`IDEMPOTENCY_TTL`]; returns how many changes went.
 pub(super) async fn trim(

@@ -11,7 +11,7 @@
 //! | key | type | what |
 //! |---|---|---|
 //! | `changehub:{c}:log` | stream | the log; entry id `SEQ-0`, one field `e`: the final datetime as a 23-digit sortable key, then the change as the source sent it (JSON, empty fields left out) |
-//! | `changehub:{c}:meta` | hash | `last` (newest seq), `oldest` (first retained seq), `dt` (latest datetime key), `published` (what the owner announced), `indexed` (the resource index is complete) |
+//! | `changehub:{c}:meta` | hash | `last` (newest seq), `oldest` (first retained seq), `dt` (latest datetime key), `published` (what the owner announced), `indexed` (the resource index is complete), `created` (when the channel began, a datetime key) |
 //! | `changehub:{c}:res` | hash | resource index: loc → the log entry of its latest change |
 //! | `changehub:{c}:res-seq` | sorted set | resource index: loc by the seq of its latest change |
 //! | `changehub:{c}:idem` | hash | idempotency key → `at first last accepted fingerprint` |
@@ -228,6 +228,14 @@ impl Store for RedisStore {
         now: OffsetDateTime,
     ) -> Result<u64, StoreError> {
         log::trim(self, channel, retention, now).await
+    }
+
+    async fn channel_created(
+        &self,
+        channel: &str,
+        now: OffsetDateTime,
+    ) -> Result<OffsetDateTime, StoreError> {
+        log::channel_created(self, channel, now).await
     }
 
     async fn resources(
