@@ -273,8 +273,11 @@ pub fn capability_list(urls: &Urls, channel: &str) -> Vec<u8> {
     resourcesync::write_capability_list(&links, &caps)
 }
 
-/// The Source Description: one Capability List per channel.
+/// The Source Description: `<rs:ln rel="describedby">` to the hub's home page (the page that
+/// tells people what this source offers: its channels, their topics, recent changes), then
+/// one Capability List per channel.
 pub fn source_description<'a>(urls: &Urls, channels: impl Iterator<Item = &'a str>) -> Vec<u8> {
     let lists: Vec<String> = channels.map(|c| urls.capability_list(c)).collect();
-    resourcesync::write_source_description(&[], &lists)
+    let links = [DocLink::new("describedby", urls.home())];
+    resourcesync::write_source_description(&links, &lists)
 }

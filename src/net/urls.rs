@@ -31,6 +31,12 @@ impl Urls {
         url
     }
 
+    /// The hub's home page (`GET /`, the dashboard), with a trailing slash: the page that
+    /// describes this source, linked from the Source Description as `rel="describedby"`.
+    pub fn home(&self) -> String {
+        self.at(&[""]).into()
+    }
+
     /// `POST` here to subscribe, unsubscribe and publish.
     pub fn hub(&self) -> String {
         self.at(&["hub"]).into()
@@ -95,6 +101,7 @@ mod tests {
     fn bare_host_and_path_prefix() {
         let u = Urls::new("http://127.0.0.1:8080").unwrap();
         assert_eq!(u.public(), "http://127.0.0.1:8080");
+        assert_eq!(u.home(), "http://127.0.0.1:8080/");
         assert_eq!(u.hub(), "http://127.0.0.1:8080/hub");
         assert_eq!(
             u.topic("a"),
@@ -110,6 +117,7 @@ mod tests {
         );
         let p = Urls::new("https://example.org/sync").unwrap();
         assert_eq!(p.public(), "https://example.org/sync");
+        assert_eq!(p.home(), "https://example.org/sync/");
         assert_eq!(
             p.capability_list("news"),
             "https://example.org/sync/channels/news/capabilitylist.xml"

@@ -36,7 +36,8 @@
 //!   present (then a `<lastmod>` that differs from it is the `lastmod`), else from `<lastmod>`.
 //!   So `parse(write(c))` gives back `c` exactly.
 //! - The hub's own data travels in attributes of [`HUB_NS`] (prefix `ch`): `ch:seq` on each
-//!   entry's `rs:md`, `ch:first`/`ch:last` on the top-level `rs:md` of a notification.
+//!   entry's `rs:md`, `ch:first`/`ch:last` on the top-level `rs:md` of every Change List the
+//!   hub writes (notifications, the topic, `changes?after=` pages).
 //! - All datetimes are written by [`crate::model::format_datetime`] (RFC 3339, UTC, `Z`) and
 //!   read by [`crate::model::parse_w3c_datetime`].
 //! - Parsing checks structure, not content rules: callers run [`NewChange::validate`] on each

@@ -74,16 +74,13 @@ fn to_changes(entries: &[ParsedEntry]) -> Vec<Change> {
 
 fn changelist_model() -> (ChangeListHeader, Vec<Change>) {
     let header = ChangeListHeader {
-        from: Some(dt("2013-01-03T00:00:00Z")),
+        from: Some(dt("2013-01-03T11:00:00Z")),
         until: None,
-        links: vec![
-            DocLink::new("up", "http://example.com/dataset1/capabilitylist.xml"),
-            DocLink::new(
-                "index",
-                "http://example.com/dataset1/changelist-archive.xml",
-            ),
-        ],
-        seq_range: None,
+        links: vec![DocLink::new(
+            "up",
+            "http://hub.example.com/channels/dataset1/capabilitylist.xml",
+        )],
+        seq_range: Some((1, 4)),
     };
     let changes = vec![
         Change {
@@ -147,16 +144,10 @@ fn notification_model() -> (ChangeListHeader, Vec<Change>) {
     let header = ChangeListHeader {
         from: Some(dt("2024-05-01T10:15:00Z")),
         until: Some(dt("2024-05-01T10:15:02.25Z")),
-        links: vec![
-            DocLink::new(
-                "up",
-                "http://hub.example.com/channels/dataset1/capabilitylist.xml",
-            ),
-            DocLink::new(
-                "self",
-                "http://hub.example.com/channels/dataset1/changelist.xml",
-            ),
-        ],
+        links: vec![DocLink::new(
+            "up",
+            "http://hub.example.com/channels/dataset1/capabilitylist.xml",
+        )],
         seq_range: Some((41, 43)),
     };
     let changes = vec![

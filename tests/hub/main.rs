@@ -12,6 +12,7 @@ mod conformance;
 mod crash;
 mod end_to_end;
 mod external;
+mod golden;
 mod live;
 mod resources;
 mod shutdown;
