@@ -493,6 +493,16 @@ pub async fn resource_index_keeps_the_latest_change_of_each_loc(e: &dyn Engine) 
     );
     assert_eq!(s.resource_count("c").await.unwrap(), 3);
     assert_eq!(s.resource_count("other").await.unwrap(), 2);
+    // Within one append, the later change of a loc wins.
+    let twice = vec![
+        described("x", ChangeType::Created, "md5:x1"),
+        described("x", ChangeType::Updated, "md5:x2"),
+    ];
+    s.append("dup", twice, None, now).await.unwrap();
+    assert_eq!(
+        whole_index(s.as_ref(), "dup").await,
+        vec![(url("x"), 2, ChangeType::Updated)]
+    );
     // Every field of the latest change is kept.
     let page = s.resources("c", 3, 1).await.unwrap();
     assert_eq!(page.last, 5);

@@ -225,10 +225,16 @@ fn capabilitylist_model() -> (Vec<DocLink>, Vec<Capability>) {
             DocLink::new("up", "http://hub.example.com/.well-known/resourcesync"),
             DocLink::new("hub", "http://hub.example.com/hub"),
         ],
-        vec![Capability {
-            loc: "http://hub.example.com/channels/dataset1/changelist.xml".into(),
-            capability: "changelist".into(),
-        }],
+        vec![
+            Capability {
+                loc: "http://hub.example.com/channels/dataset1/changelist.xml".into(),
+                capability: "changelist".into(),
+            },
+            Capability {
+                loc: "http://hub.example.com/channels/dataset1/resourcelist.xml".into(),
+                capability: "resourcelist".into(),
+            },
+        ],
     )
 }
 

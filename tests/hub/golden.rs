@@ -255,7 +255,7 @@ fn normalise_touches_only_the_address_and_datetimes() {
     );
 }
 
-/// The topic Change List, the Capability List and the Source Description.
+/// The topic Change List, the Resource List, the Capability List and the Source Description.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn golden_documents_served_by_the_hub() {
     let hub = hub().await;
@@ -263,6 +263,10 @@ async fn golden_documents_served_by_the_hub() {
 
     let topic = get(&hub, "/channels/dataset1/changelist.xml").await;
     assert_golden(&topic, "changelist.xml", &hub.url);
+
+    // The Resource List of the same changes: res3 is deleted, res2 is at its latest change.
+    let resources = get(&hub, "/channels/dataset1/resourcelist.xml").await;
+    assert_golden(&resources, "resourcelist.xml", &hub.url);
 
     let caps = get(&hub, "/channels/dataset1/capabilitylist.xml").await;
     assert_golden(&caps, "capabilitylist.xml", &hub.url);

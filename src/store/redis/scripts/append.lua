@@ -19,6 +19,17 @@ local last = tonumber(meta[1] or '0')
 local latest = meta[2] or ''
 local first = last + 1
 local n = (#ARGV - 6) / 2
+-- The index is written in pieces of at most 500 changes, one HSET and one ZADD each (a call
+-- per change would cost more than the XADD); within a piece a later change of the same loc
+-- wins, as it comes later in the arguments.
+local entries, scores = {}, {}
+local function flush_index()
+  if #entries > 0 then
+    redis.call('HSET', KEYS[5], unpack(entries))
+    redis.call('ZADD', KEYS[6], unpack(scores))
+    entries, scores = {}, {}
+  end
+end
 for i = 0, n - 1 do
   local e = ARGV[7 + i]
   local d = string.sub(e, 1, 23)
@@ -29,10 +40,14 @@ for i = 0, n - 1 do
   last = last + 1
   redis.call('XADD', KEYS[1], string.format('%d-0', last), 'e', e)
   local loc = ARGV[7 + n + i]
-  redis.call('HSET', KEYS[5], loc, e)
-  redis.call('ZADD', KEYS[6], last, loc)
+  entries[#entries + 1] = loc
+  entries[#entries + 1] = e
+  scores[#scores + 1] = last
+  scores[#scores + 1] = loc
+  if #entries >= 1000 then flush_index() end
   latest = d
 end
+flush_index()
 if n > 0 then
   -- A new channel's index is complete from the start; an older one is completed by backfill.lua.
   if first == 1 then redis.call('HSET', KEYS[2], 'indexed', '1') end
