@@ -12,5 +12,7 @@ RUN mkdir /data && chown nobody /data
 WORKDIR /data
 USER nobody
 EXPOSE 8080
+# Topic URLs are built from the public URL; set it to where sources and subscribers reach the hub.
+ENV CHANGEHUB_PUBLIC_URL=http://localhost:8080
 ENTRYPOINT ["changehub"]
 CMD ["serve", "--listen", "0.0.0.0:8080"]

@@ -309,10 +309,19 @@ impl ServeArgs {
             .listen
             .or(file.listen)
             .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080)));
-        let public_url = self
-            .public_url
-            .or(file.public_url)
-            .unwrap_or_else(|| format!("http://{listen}"));
+        let public_url = match self.public_url.or(file.public_url) {
+            Some(url) => url,
+            // A wildcard address is no address anyone can reach the hub at.
+            None if listen.ip().is_unspecified() => {
+                return Err(invalid(format!(
+                    "--listen {listen} listens on every interface, so it is not an address \
+                     to put in topic URLs: give --public-url with the URL sources and \
+                     subscribers reach this hub at (e.g. --public-url http://hub.example.org:{})",
+                    listen.port()
+                )))
+            }
+            None => format!("http://{listen}"),
+        };
         let public_url = public_url.trim_end_matches('/').to_string();
         let parsed = url::Url::parse(&public_url)
             .map_err(|e| invalid(format!("--public-url {public_url:?}: {e}")))?;
@@ -501,6 +510,25 @@ impl ServeArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_wildcard_listen_address_needs_a_public_url() {
+        for listen in ["0.0.0.0:8080", "[::]:8080"] {
+            let args = ServeArgs {
+                listen: Some(listen.parse().unwrap()),
+                ..ServeArgs::default()
+            };
+            let err = args.clone().resolve().unwrap_err().to_string();
+            assert!(err.contains("--public-url"), "{err}");
+            let config = ServeArgs {
+                public_url: Some("http://hub.example.org:8080".into()),
+                ..args
+            }
+            .resolve()
+            .unwrap();
+            assert_eq!(config.urls.public(), "http://hub.example.org:8080");
+        }
+    }
 
     #[test]
     fn flags_override_file_and_defaults_apply() {

@@ -23,8 +23,8 @@
 //!
 //! Around them: [`http`] (the web layer, the only room that knows axum), [`client`] (the
 //! client commands), [`net`] (outbound HTTP, Link headers, URLs), [`auth`] (tokens and
-//! secrets), [`retry`] (backoff), [`work`] (task trackers and stop tokens), [`config`], and
-//! [`server`], which wires everything together.
+//! secrets), [`retry`] (backoff), [`work`] (task trackers and stop tokens), [`config`],
+//! [`logging`] (the binary's log lines), and [`server`], which wires everything together.
 //!
 //! [`run`] is the one entry point, shared by the binary and the tests: it serves on a listener
 //! until the `shutdown` future completes, then flushes the batchers and stops every task.
@@ -40,6 +40,7 @@ pub mod fanout;
 pub mod http;
 pub mod ingest;
 pub mod live;
+pub mod logging;
 pub mod model;
 pub mod net;
 pub mod ownership;

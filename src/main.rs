@@ -5,6 +5,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 use changehub::client::{healthcheck, tail};
+use changehub::logging::{self, LogFormat};
 
 #[derive(Parser)]
 #[command(
@@ -13,6 +14,16 @@ use changehub::client::{healthcheck, tail};
     about = "A ResourceSync change-notification hub"
 )]
 struct Cli {
+    /// Log lines on stderr: text, or one JSON object per line. Colours only on a terminal
+    /// (never with NO_COLOR); RUST_LOG chooses what is logged (default changehub=info,warn).
+    #[arg(
+        long,
+        global = true,
+        env = "CHANGEHUB_LOG_FORMAT",
+        value_enum,
+        default_value_t = LogFormat::Text
+    )]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -33,14 +44,9 @@ enum Command {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "changehub=info,warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    match Cli::parse().command {
+    let cli = Cli::parse();
+    logging::init(cli.log_format);
+    match cli.command {
         Command::Serve(args) => serve(*args).await,
         Command::Healthcheck(args) => healthcheck::run(args).await,
         Command::Tail(args) => tail::run(args, shutdown_signal()).await,

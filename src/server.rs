@@ -66,10 +66,16 @@ pub async fn run(
         shutdown: stopping.clone(),
         connections: Arc::default(),
     };
+    let mut channels: Vec<&str> = config.channels.keys().map(String::as_str).collect();
+    channels.sort_unstable();
     tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
         listen = %listener.local_addr()?,
         public_url = %config.urls.public(),
-        channels = config.channels.len(),
+        dashboard = %config.urls.home(),
+        store = %store_summary(&config.store),
+        channels = %channels.join(","),
+        admin_api = if config.admin_token.is_some() { "on" } else { "off (no --admin-token)" },
         subscriptions = hub.resumed,
         "changehub serving"
     );
@@ -77,6 +83,22 @@ pub async fn run(
     hub.stop().await;
     served?;
     Ok(())
+}
+
+/// Which store, and where, for the start-up line (a Redis password is not shown).
+fn store_summary(store: &StoreConfig) -> String {
+    match store {
+        StoreConfig::Embedded { data_dir } => format!("embedded at {}", data_dir.display()),
+        StoreConfig::Redis { url } => {
+            let shown = match (url.find("://"), url.rfind('@')) {
+                (Some(scheme), Some(at)) if at > scheme => {
+                    format!("{}***{}", &url[..scheme + 3], &url[at..])
+                }
+                _ => url.clone(),
+            };
+            format!("redis at {shown}")
+        }
+    }
 }
 
 /// A running hub without its web layer: the store, the feeds of the hosted channels, external

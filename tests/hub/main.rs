@@ -14,6 +14,7 @@ mod end_to_end;
 mod external;
 mod golden;
 mod live;
+mod logs;
 mod resources;
 mod shutdown;
 mod topics;

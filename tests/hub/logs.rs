@@ -1,0 +1,123 @@
+//! The binary's log lines: JSON lines that parse one by one, text lines that input cannot
+//! forge (a CR/LF in a logged value is written escaped), and the start-up summary.
+
+use crate::common::*;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// A forged log line hidden in a topic URL.
+const FORGED: &str = "http://example.com/x\r\n2026-01-01T00:00:00Z  INFO forged: admin logged in";
+
+/// Runs `changehub serve --log-format FORMAT`, asks for a subscription that is denied (and
+/// logged with its topic), stops it, and returns what it wrote on stderr.
+async fn log_of_a_denied_subscription(format: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let log_path = dir.path().join("stderr.log");
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_changehub"))
+        .args(["--log-format", format, "serve"])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--data-dir", dir.path().join("data").to_str().unwrap()])
+        .args([
+            "--channel",
+            "news=secret-token",
+            "--allow-private-callbacks",
+        ])
+        .env("RUST_LOG", "changehub=info")
+        .env_remove("NO_COLOR")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .expect("start changehub");
+    let client = reqwest::Client::new();
+    wait_until("the hub is ready", Duration::from_secs(20), || async {
+        client
+            .get(format!("{url}/readyz"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+    })
+    .await;
+    let (status, text) = hub_request_at(
+        &client,
+        &url,
+        &[
+            ("hub.mode", "subscribe"),
+            ("hub.topic", FORGED),
+            ("hub.callback", "http://127.0.0.1:9/callback"),
+        ],
+    )
+    .await;
+    assert_eq!(status, 202, "{text}");
+    wait_until("the denial is logged", Duration::from_secs(10), || async {
+        std::fs::read_to_string(&log_path).is_ok_and(|l| l.contains("subscription denied"))
+    })
+    .await;
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "{status}");
+    std::fs::read_to_string(&log_path).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_parse_line_by_line_and_keep_values_whole() {
+    let log = log_of_a_denied_subscription("json").await;
+    let mut denied = None;
+    let mut summary = None;
+    for line in log.lines() {
+        let event: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line:?}"));
+        assert!(event["level"].is_string(), "{line}");
+        match event["fields"]["message"].as_str() {
+            Some("subscription denied") => denied = Some(event.clone()),
+            Some("changehub serving") => summary = Some(event.clone()),
+            _ => {}
+        }
+    }
+    let denied = denied.expect("the denial");
+    assert_eq!(
+        denied["fields"]["topic"], FORGED,
+        "the value, CR/LF included"
+    );
+    let summary = summary.expect("the start-up summary");
+    for field in [
+        "version",
+        "public_url",
+        "dashboard",
+        "store",
+        "channels",
+        "admin_api",
+    ] {
+        assert!(summary["fields"][field].is_string(), "{field}: {summary}");
+    }
+    assert!(summary["fields"]["store"]
+        .as_str()
+        .is_some_and(|s| s.starts_with("embedded at ")));
+    assert_eq!(summary["fields"]["channels"], "news");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_line_break_in_input_never_starts_a_text_log_line() {
+    let log = log_of_a_denied_subscription("text").await;
+    assert!(!log.contains('\x1b'), "no colours in a file: {log:?}");
+    for line in log.lines() {
+        assert!(
+            line.starts_with(|c: char| c.is_ascii_digit()),
+            "every line starts with its timestamp: {line:?}"
+        );
+        assert!(!line.contains('\r'), "{line:?}");
+    }
+    let denied = log
+        .lines()
+        .find(|l| l.contains("subscription denied"))
+        .expect("the denial");
+    assert!(
+        denied.contains("http://example.com/x\\r\\n2026-01-01T00:00:00Z  INFO forged"),
+        "escaped in place: {denied}"
+    );
+}
