@@ -43,13 +43,21 @@ enum Command {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     logging::init(cli.log_format);
-    match cli.command {
+    let result = match cli.command {
         Command::Serve(args) => serve(*args).await,
         Command::Healthcheck(args) => healthcheck::run(args).await,
         Command::Tail(args) => tail::run(args, shutdown_signal()).await,
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // One line: the error and its causes, without a backtrace.
+            eprintln!("changehub: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
     }
 }
 

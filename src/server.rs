@@ -23,7 +23,9 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("store: {0}")]
+    // `transparent`: the store's message is the whole message (printed once, not again as
+    // the cause).
+    #[error(transparent)]
     Store(#[from] StoreError),
     #[error("server: {0}")]
     Io(#[from] std::io::Error),

@@ -121,3 +121,49 @@ async fn a_line_break_in_input_never_starts_a_text_log_line() {
         "escaped in place: {denied}"
     );
 }
+
+/// Start-up errors are one line that says what is wrong: a second hub on a data folder in use
+/// names the folder; a wildcard listen address asks for --public-url.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn startup_errors_are_one_clear_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let first = HubProcess::start(&["--data-dir", data.to_str().unwrap()]).await;
+    let run = |args: Vec<String>| {
+        tokio::task::spawn_blocking(move || {
+            Command::new(env!("CARGO_BIN_EXE_changehub"))
+                .args(args)
+                .env("RUST_BACKTRACE", "1")
+                .output()
+                .unwrap()
+        })
+    };
+    let second = run(vec![
+        "serve".into(),
+        "--listen".into(),
+        format!("127.0.0.1:{}", free_port()),
+        "--data-dir".into(),
+        data.to_str().unwrap().into(),
+        "--channel".into(),
+        "news=secret-token".into(),
+    ])
+    .await
+    .unwrap();
+    let wildcard = run(vec![
+        "serve".into(),
+        "--listen".into(),
+        "0.0.0.0:8080".into(),
+    ])
+    .await
+    .unwrap();
+    drop(first);
+    for (output, says) in [
+        (&second, data.to_str().unwrap()),
+        (&wildcard, "--public-url"),
+    ] {
+        assert!(!output.status.success());
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.contains(says), "{stderr}");
+    }
+}

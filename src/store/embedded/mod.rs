@@ -134,7 +134,15 @@ impl EmbeddedStore {
     /// Opens (or creates) the store in `dir`.
     pub fn open(dir: &Path) -> Result<EmbeddedStore, StoreError> {
         std::fs::create_dir_all(dir).map_err(unavailable)?;
-        let db = Database::create(dir.join("changehub.redb")).map_err(unavailable)?;
+        let path = dir.join("changehub.redb");
+        let db = Database::create(&path).map_err(|e| match e {
+            redb::DatabaseError::DatabaseAlreadyOpen => StoreError::Unavailable(format!(
+                "{} is in use by another process (another changehub serving the same \
+                 --data-dir?); one hub at a time per data folder",
+                path.display()
+            )),
+            other => StoreError::Unavailable(format!("{}: {other}", path.display())),
+        })?;
         let txn = db.begin_write().map_err(unavailable)?;
         {
             // Create every table so that readers never meet a missing one.
