@@ -167,3 +167,84 @@ async fn startup_errors_are_one_clear_line() {
         assert!(stderr.contains(says), "{stderr}");
     }
 }
+
+/// A callback that fails a few times, then recovers: one warning when the trouble starts and
+/// one line when it ends, not one per retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delivery_trouble_is_logged_once_and_its_recovery_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let log_path = dir.path().join("stderr.log");
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_changehub"))
+        .args(["--log-format", "json", "serve"])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--data-dir", dir.path().join("data").to_str().unwrap()])
+        .args([
+            "--channel",
+            &format!("{CHANNEL}={TOKEN}"),
+            "--allow-private-callbacks",
+        ])
+        .args(["--admin-token", ADMIN])
+        .args([
+            "--linger",
+            "20ms",
+            "--retry-initial",
+            "50ms",
+            "--retry-max",
+            "200ms",
+        ])
+        .env("RUST_LOG", "changehub=info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .expect("start changehub");
+    let client = reqwest::Client::new();
+    wait_until("the hub is ready", Duration::from_secs(20), || async {
+        client
+            .get(format!("{url}/readyz"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+    })
+    .await;
+    let receiver = Receiver::start(Behaviour {
+        fail_first: 4,
+        ..Behaviour::default()
+    })
+    .await;
+    subscribe_at(&url, CHANNEL, &receiver.url).await;
+    receiver.wait_verified(1).await;
+    wait_until("subscribed", Duration::from_secs(10), || async {
+        admin_json(&url, "/api/subscriptions")
+            .await
+            .as_array()
+            .is_some_and(|s| s.len() == 1)
+    })
+    .await;
+    let resp = client
+        .post(format!("{url}/channels/{CHANNEL}/changes"))
+        .bearer_auth(TOKEN)
+        .json(&serde_json::json!({"loc": "http://example.com/a", "change": "created"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 202);
+    receiver.wait_seq(1, Duration::from_secs(20)).await;
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    let messages: Vec<String> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|e| e["fields"]["message"].as_str().map(str::to_string))
+        .collect();
+    let count = |start: &str| messages.iter().filter(|m| m.starts_with(start)).count();
+    assert_eq!(count("delivery failing"), 1, "{messages:?}");
+    assert_eq!(count("delivery recovered"), 1, "{messages:?}");
+    assert_eq!(count("delivery failed"), 0, "retries only at debug level");
+}

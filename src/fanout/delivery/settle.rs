@@ -136,7 +136,9 @@ pub(super) fn settle<R: Attempts>(
 
 impl Settled {
     /// Logs the result and records it in the subscription's health (`last_success`,
-    /// `last_error`, shown by the admin API). `what` names the payload: "seqs 3-5",
+    /// `last_error`, shown by the admin API). Logged: the first failure of a streak (warn),
+    /// the recovery (info), a payload given up (warn) and 410 (info); retries in between at
+    /// debug level. `what` names the payload: "seqs 3-5",
     /// "topic content".
     pub(super) fn record(
         &self,
@@ -145,8 +147,14 @@ impl Settled {
         what: &str,
         now: OffsetDateTime,
     ) {
+        // A failing subscription logs when its trouble starts, when it ends, and when a
+        // payload is given up; the retries in between only at debug level.
+        let failing = state.last_error.is_some();
         match self {
             Settled::Delivered => {
+                if failing {
+                    tracing::info!(callback = %sub.callback, what, "delivery recovered");
+                }
                 state.last_success = Some(now);
                 state.last_error = None;
             }
@@ -158,8 +166,13 @@ impl Settled {
                 delay,
                 reason,
             } => {
-                tracing::debug!(callback = %sub.callback, what, attempts, %reason, ?delay,
-                    "delivery failed; will retry");
+                if failing {
+                    tracing::debug!(callback = %sub.callback, what, attempts, %reason, ?delay,
+                        "delivery failed; will retry");
+                } else {
+                    tracing::warn!(callback = %sub.callback, what, %reason, ?delay,
+                        "delivery failing; will retry (logged again when it recovers or gives up)");
+                }
                 state.last_error = Some(reason.clone());
             }
             Settled::GaveUp { attempts, reason } => {
