@@ -39,9 +39,9 @@ pub struct ServeArgs {
     /// TOML file with the same settings (flag names with `_` for `-`) and `[channels.NAME]` tables.
     #[arg(long, env = "CHANGEHUB_CONFIG")]
     pub config: Option<PathBuf>,
-    /// Address to listen on.
+    /// Address to listen on: IP:PORT or HOST:PORT (default 127.0.0.1:8080).
     #[arg(long, env = "CHANGEHUB_LISTEN")]
-    pub listen: Option<SocketAddr>,
+    pub listen: Option<String>,
     /// Public base URL of the hub (default `http://{listen}`); topic URLs are built from it.
     #[arg(long, env = "CHANGEHUB_PUBLIC_URL")]
     pub public_url: Option<String>,
@@ -136,7 +136,7 @@ pub struct ServeArgs {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FileConfig {
-    listen: Option<SocketAddr>,
+    listen: Option<String>,
     public_url: Option<String>,
     data_dir: Option<PathBuf>,
     redis: Option<String>,
@@ -257,7 +257,7 @@ impl Config {
     /// `listen`. Tests and embedders start from here.
     pub fn new(listen: SocketAddr, data_dir: PathBuf) -> Config {
         ServeArgs {
-            listen: Some(listen),
+            listen: Some(listen.to_string()),
             data_dir: Some(data_dir),
             ..ServeArgs::default()
         }
@@ -305,10 +305,11 @@ impl ServeArgs {
         };
         let invalid = |m: String| ConfigError::Invalid(m);
 
-        let listen = self
+        let listen_as_given = self
             .listen
             .or(file.listen)
-            .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080)));
+            .unwrap_or_else(|| "127.0.0.1:8080".to_string());
+        let listen = resolve_listen(&listen_as_given)?;
         let public_url = match self.public_url.or(file.public_url) {
             Some(url) => url,
             // A wildcard address is no address anyone can reach the hub at.
@@ -320,7 +321,7 @@ impl ServeArgs {
                     listen.port()
                 )))
             }
-            None => format!("http://{listen}"),
+            None => format!("http://{listen_as_given}"),
         };
         let public_url = public_url.trim_end_matches('/').to_string();
         let parsed = url::Url::parse(&public_url)
@@ -507,15 +508,55 @@ impl ServeArgs {
     }
 }
 
+/// `--listen`: an IP address and port, or a host name and port (resolved once, at start).
+fn resolve_listen(given: &str) -> Result<SocketAddr, ConfigError> {
+    if let Ok(addr) = given.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    let invalid = |why: String| {
+        ConfigError::Invalid(format!(
+            "--listen {given:?}: {why} (expected IP:PORT or HOST:PORT)"
+        ))
+    };
+    let mut addrs =
+        std::net::ToSocketAddrs::to_socket_addrs(given).map_err(|e| invalid(e.to_string()))?;
+    addrs
+        .next()
+        .ok_or_else(|| invalid("the name has no address".into()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
+    fn listen_takes_a_host_name() {
+        let config = ServeArgs {
+            listen: Some("localhost:8181".into()),
+            ..ServeArgs::default()
+        }
+        .resolve()
+        .unwrap();
+        assert!(config.listen.ip().is_loopback(), "{}", config.listen);
+        assert_eq!(config.listen.port(), 8181);
+        assert_eq!(config.urls.public(), "http://localhost:8181");
+        for bad in ["localhost", ":::", "127.0.0.1:notaport"] {
+            let err = ServeArgs {
+                listen: Some(bad.into()),
+                ..ServeArgs::default()
+            }
+            .resolve()
+            .unwrap_err()
+            .to_string();
+            assert!(err.contains("--listen"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
     fn a_wildcard_listen_address_needs_a_public_url() {
         for listen in ["0.0.0.0:8080", "[::]:8080"] {
             let args = ServeArgs {
-                listen: Some(listen.parse().unwrap()),
+                listen: Some(listen.into()),
                 ..ServeArgs::default()
             };
             let err = args.clone().resolve().unwrap_err().to_string();
