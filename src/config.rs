@@ -45,7 +45,7 @@ pub struct ServeArgs {
     /// Public base URL of the hub (default `http://{listen}`); topic URLs are built from it.
     #[arg(long, env = "CHANGEHUB_PUBLIC_URL")]
     pub public_url: Option<String>,
-    /// Folder of the embedded store (the default store).
+    /// Folder of the embedded store, the default store (default ./changehub-data).
     #[arg(long, env = "CHANGEHUB_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
     /// Use the Redis store at this URL (`redis://host:6379/`), or on a Redis Cluster
