@@ -106,19 +106,33 @@ pub fn router(state: AppState) -> Router {
 }
 
 /// Serves the router on `listener` until `stop` completes, then finishes the requests in
-/// flight.
+/// flight and lets every websocket send its close frame.
 pub async fn serve(
     listener: TcpListener,
     state: AppState,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(
+    let websockets = state.connections.clone();
+    let served = axum::serve(
         listener,
         router(state).into_make_service_with_connect_info::<SocketAddr>(),
     )
     .with_graceful_shutdown(stop)
-    .await
+    .await;
+    // Upgraded connections are not requests in flight: wait for them to send their close
+    // frame (1001) before the hub goes on stopping, and the process exits.
+    websockets.tasks.close();
+    if tokio::time::timeout(WEBSOCKET_GRACE, websockets.tasks.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!("websockets did not close in time");
+    }
+    served
 }
+
+/// How long shutdown waits for websockets to send their close frames.
+const WEBSOCKET_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The read token of a request: `Authorization: Bearer …` or `?token=`.
 fn read_token<'a>(headers: &'a HeaderMap, query: Option<&'a str>) -> Option<&'a str> {

@@ -42,6 +42,9 @@ pub const CLOSE_GOING_AWAY: u16 = 1001;
 /// recent live notifications, rendered once and shared by every connection.
 #[derive(Default)]
 pub struct Connections {
+    /// Every connection's task: on shutdown the server waits for them (each sends its close
+    /// frame) before the process may exit.
+    pub tasks: tokio_util::task::TaskTracker,
     per_ip: Mutex<HashMap<IpAddr, usize>>,
     /// Connections closed because the client could not keep up.
     pub slow_closes: std::sync::atomic::AtomicU64,
@@ -167,9 +170,12 @@ pub async fn upgrade(
         .write_buffer_size(0)
         .max_message_size(limits.max_frame)
         .max_frame_size(limits.max_frame)
-        .on_upgrade(move |socket| async move {
-            connection(socket, state, query.token).await;
-            drop(guard);
+        .on_upgrade(move |socket| {
+            let tasks = state.connections.tasks.clone();
+            tasks.track_future(async move {
+                connection(socket, state, query.token).await;
+                drop(guard);
+            })
         })
 }
 
@@ -284,9 +290,24 @@ async fn connection(socket: WebSocket, state: AppState, query_token: Option<Stri
         } else {
             Duration::from_secs(1)
         };
-        let _ = tokio::time::timeout(patience, sink.send(close(code, reason))).await;
+        if let Ok(Ok(())) = tokio::time::timeout(patience, sink.send(close(code, reason))).await {
+            // Complete the closing handshake: wait (briefly) for the client's close frame.
+            // Dropping the socket while the client's frames are still arriving would reset
+            // the connection, and a client can lose the close frame it had not read yet.
+            let _ = tokio::time::timeout(CLOSE_HANDSHAKE, async {
+                while let Some(Ok(message)) = stream.next().await {
+                    if matches!(message, Message::Close(_)) {
+                        break;
+                    }
+                }
+            })
+            .await;
+        }
     }
 }
+
+/// How long a closing connection waits for the client's close frame.
+const CLOSE_HANDSHAKE: Duration = Duration::from_secs(2);
 
 impl Connection {
     /// Counts this connection as closed for slowness (once).
