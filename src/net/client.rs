@@ -24,6 +24,7 @@ pub fn is_private(ip: IpAddr) -> bool {
                 || o[0] == 0
                 || (o[0] == 100 && (o[1] & 0xc0) == 64) // 100.64.0.0/10 shared address space
                 || (o[0] == 198 && (o[1] & 0xfe) == 18) // 198.18.0.0/15 benchmarking
+                || v4.is_multicast() // 224.0.0.0/4
                 || o[0] >= 240
         }
         IpAddr::V6(v6) => {
@@ -31,11 +32,33 @@ pub fn is_private(ip: IpAddr) -> bool {
                 return is_private(IpAddr::V4(v4));
             }
             let s = v6.segments();
+            // The IPv4 address in the low 32 bits, for the ranges that carry one.
+            let low_v4 = || {
+                let [.., a, b, c, d] = v6.octets();
+                IpAddr::V4(std::net::Ipv4Addr::new(a, b, c, d))
+            };
+            match s {
+                // ::a.b.c.d (IPv4-compatible, deprecated) and ::ffff:0:a.b.c.d (IPv4-translated)
+                [0, 0, 0, 0, 0, 0, _, _] | [0, 0, 0, 0, 0xffff, 0, _, _] => return true,
+                // 64:ff9b::/96, NAT64: reaches the embedded IPv4 address
+                [0x64, 0xff9b, 0, 0, 0, 0, _, _] => return is_private(low_v4()),
+                // 64:ff9b:1::/48, local-use NAT64
+                [0x64, 0xff9b, 1, ..] => return true,
+                // 2002::/16, 6to4: the IPv4 address is in the second and third segments
+                [0x2002, hi, lo, ..] => {
+                    let [a, b] = hi.to_be_bytes();
+                    let [c, d] = lo.to_be_bytes();
+                    return is_private(IpAddr::V4(std::net::Ipv4Addr::new(a, b, c, d)));
+                }
+                _ => {}
+            }
             v6.is_loopback()
                 || v6.is_unspecified()
                 || (s[0] & 0xfe00) == 0xfc00 // unique local
                 || (s[0] & 0xffc0) == 0xfe80 // link-local
+                || (s[0] & 0xffc0) == 0xfec0 // site-local (deprecated)
                 || (s[0] & 0xff00) == 0xff00 // multicast
+                || (s[0] == 0x2001 && s[1] == 0x0db8) // documentation
         }
     }
 }
@@ -119,10 +142,28 @@ mod tests {
             "fe80::1",
             "fd00::1",
             "::ffff:127.0.0.1",
+            "224.0.0.1",
+            "239.255.255.250",
+            "::127.0.0.1",
+            "::169.254.169.254",
+            "::93.184.216.34",
+            "::ffff:0:169.254.169.254",
+            "64:ff9b::169.254.169.254",
+            "64:ff9b::10.0.0.1",
+            "64:ff9b:1::1",
+            "2002:a9fe:a9fe::1",
+            "2002:7f00:1::1",
+            "fec0::1",
+            "2001:db8::1",
         ] {
             assert!(is_private(ip.parse().unwrap()), "{ip}");
         }
-        for ip in ["93.184.216.34", "2606:2800:220:1::1"] {
+        for ip in [
+            "93.184.216.34",
+            "2606:2800:220:1::1",
+            "64:ff9b::93.184.216.34",
+            "2002:5db8:d822::1",
+        ] {
             assert!(!is_private(ip.parse().unwrap()), "{ip}");
         }
     }
