@@ -266,7 +266,7 @@ pub fn parse_w3c_datetime(s: &str) -> Result<OffsetDateTime, String> {
     let bad = || format!("{s:?} is not a W3C datetime");
     if s.contains('T') {
         if let Ok(dt) = OffsetDateTime::parse(s, &Rfc3339) {
-            return Ok(dt.to_offset(UtcOffset::UTC));
+            return in_utc(dt, s);
         }
         // hh:mm without seconds: insert ":00" before the zone designator.
         let (date, rest) = s.split_once('T').ok_or_else(bad)?;
@@ -276,9 +276,8 @@ pub fn parse_w3c_datetime(s: &str) -> Result<OffsetDateTime, String> {
         let (clock, zone) = rest.split_at(zone_at);
         if clock.len() == 5 {
             let full = format!("{date}T{clock}:00{zone}");
-            return OffsetDateTime::parse(&full, &Rfc3339)
-                .map(|dt| dt.to_offset(UtcOffset::UTC))
-                .map_err(|_| bad());
+            let dt = OffsetDateTime::parse(&full, &Rfc3339).map_err(|_| bad())?;
+            return in_utc(dt, s);
         }
         return Err(bad());
     }
@@ -300,6 +299,14 @@ pub fn parse_w3c_datetime(s: &str) -> Result<OffsetDateTime, String> {
     Ok(PrimitiveDateTime::new(date, Time::MIDNIGHT).assume_utc())
 }
 
+/// `dt` in UTC, when that is still a year from 0000 to 9999 (`9999-12-31T23:59:59-23:59` is
+/// not: in UTC it falls in the year 10000, which no document can carry).
+fn in_utc(dt: OffsetDateTime, text: &str) -> Result<OffsetDateTime, String> {
+    dt.checked_to_offset(UtcOffset::UTC)
+        .filter(|utc| (0..=9999).contains(&utc.year()))
+        .ok_or_else(|| format!("{text:?} is out of range (years 0000 to 9999 in UTC)"))
+}
+
 /// Formats a datetime the way every document of the hub writes it: RFC 3339 in UTC with `Z`.
 pub fn format_datetime(dt: OffsetDateTime) -> String {
     dt.to_offset(UtcOffset::UTC)
@@ -310,6 +317,21 @@ pub fn format_datetime(dt: OffsetDateTime) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn datetimes_beyond_year_9999_in_utc_are_refused() {
+        for text in [
+            "9999-12-31T23:59:59-23:59",
+            "9999-12-31T23:00-01:00",
+            "0000-01-01T00:00:00+00:01",
+        ] {
+            let err = parse_w3c_datetime(text).unwrap_err();
+            assert!(err.contains("out of range"), "{text}: {err}");
+        }
+        let last = parse_w3c_datetime("9999-12-31T23:59:59+23:59").unwrap();
+        assert_eq!(last.year(), 9999);
+        assert_eq!(format_datetime(last), "9999-12-31T00:00:59Z");
+    }
 
     fn new(loc: &str) -> NewChange {
         NewChange {

@@ -99,6 +99,24 @@ async fn bad_ingest_requests_are_refused_and_store_nothing() {
         ),
         at(
             case(
+                "datetime past year 9999 in UTC",
+                r#"{"loc":"http://example.com/a","change":"created","datetime":"9999-12-31T23:59:59-23:59"}"#,
+                400,
+                "out of range",
+            ),
+            0,
+        ),
+        at(
+            case(
+                "lastmod past year 9999 in UTC",
+                r#"{"loc":"http://example.com/a","change":"created","lastmod":"9999-12-31T23:00-01:00"}"#,
+                400,
+                "out of range",
+            ),
+            0,
+        ),
+        at(
+            case(
                 "bad datetime",
                 r#"{"loc":"http://example.com/a","change":"created","datetime":"yesterday"}"#,
                 400,
@@ -158,6 +176,30 @@ async fn bad_ingest_requests_are_refused_and_store_nothing() {
             },
             0,
         ),
+        at(
+            Case {
+                content_type: "application/xml",
+                ..case(
+                    "XML datetime past year 9999 in UTC",
+                    r#"<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9" xmlns:rs="http://www.openarchives.org/rs/terms/"><rs:md capability="changelist" from="2024-01-01T00:00:00Z"/><url><loc>http://example.com/a</loc><rs:md change="created" datetime="9999-12-31T23:59:59-23:59"/></url></urlset>"#,
+                    400,
+                    "out of range",
+                )
+            },
+            0,
+        ),
+        Case {
+            content_type: "application/x-ndjson",
+            ..at(
+                case(
+                    "NDJSON datetime past year 9999 in UTC",
+                    format!("{GOOD}\n{{\"loc\":\"http://example.com/b\",\"change\":\"created\",\"datetime\":\"9999-12-31T23:59:59-23:59\"}}\n"),
+                    400,
+                    "out of range",
+                ),
+                1,
+            )
+        },
         Case {
             content_type: "application/x-ndjson",
             ..at(
