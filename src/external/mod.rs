@@ -280,6 +280,8 @@ impl External {
         let this = self.clone();
         let cancel = self.work.cancel.clone();
         self.work.tasks.spawn(async move {
+            // Whatever ends this task (a panic included), the topic can be fetched again.
+            let mut mark = RunningMark(Some(topic.clone()));
             loop {
                 tokio::select! {
                     _ = cancel.cancelled() => return,
@@ -289,7 +291,9 @@ impl External {
                 if gate.again {
                     gate.again = false;
                 } else {
+                    // Cleared under the lock that a ping checks, so no ping is lost.
                     gate.running = false;
+                    mark.0 = None;
                     return;
                 }
             }
@@ -297,9 +301,41 @@ impl External {
     }
 }
 
+/// Clears a topic's running fetch when the fetch task ends any other way than by finishing
+/// (a panic, cancellation), so that the next ping fetches again.
+struct RunningMark(Option<Arc<Topic>>);
+
+impl Drop for RunningMark {
+    fn drop(&mut self) {
+        if let Some(topic) = self.0.take() {
+            let mut gate = topic.gate.lock().unwrap_or_else(|e| e.into_inner());
+            gate.running = false;
+            gate.again = false;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fetch_that_dies_leaves_the_topic_fetchable() {
+        let feed = Arc::new(ChannelFeed::new("_ext-x"));
+        let topic = Arc::new(Topic::new("http://127.0.0.1/t", "_ext-x", feed));
+        topic.gate.lock().unwrap().running = true;
+        let died = std::thread::spawn({
+            let topic = topic.clone();
+            move || {
+                let _mark = RunningMark(Some(topic));
+                panic!("a fetch task dies");
+            }
+        })
+        .join();
+        assert!(died.is_err());
+        let gate = topic.gate.lock().unwrap_or_else(|e| e.into_inner());
+        assert!(!gate.running, "the next ping fetches again");
+    }
 
     #[test]
     fn channel_names_are_stable_and_not_configurable() {

@@ -26,7 +26,7 @@ pub mod ws;
 
 pub use error::ApiError;
 
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{delete, get, post};
 use axum::Router;
 use std::future::Future;
@@ -102,7 +102,22 @@ pub fn router(state: AppState) -> Router {
         .route("/api/subscriptions/{id}/redeliver", post(admin::redeliver))
         .merge(documents)
         .layer(axum::extract::DefaultBodyLimit::max(state.config.max_body))
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(panicked))
         .with_state(state)
+}
+
+/// A handler that panicked: 500 and one log line, instead of a dropped connection.
+fn panicked(panic: Box<dyn std::any::Any + Send + 'static>) -> axum::response::Response {
+    let what = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown".into());
+    tracing::error!(panic = %what, "a request handler panicked");
+    axum::response::IntoResponse::into_response((
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "internal error: the hub could not handle this request",
+    ))
 }
 
 /// Serves the router on `listener` until `stop` completes, then finishes the requests in
