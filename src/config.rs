@@ -89,6 +89,11 @@ pub struct ServeArgs {
     /// How long a notification is retried before it is given up (default 24h).
     #[arg(long, env = "CHANGEHUB_RETRY_FOR", value_parser = parse_duration)]
     pub retry_for: Option<Duration>,
+    /// How far in the future a change's datetime may be; later ones are refused with 400
+    /// (default 1day). A far-future datetime would hold every later change of the channel at
+    /// that date, since datetimes never go backwards within a channel.
+    #[arg(long, env = "CHANGEHUB_MAX_FUTURE", value_parser = parse_duration)]
+    pub max_future: Option<Duration>,
     /// First retry delay; later ones double, with jitter (default 5s).
     #[arg(long, env = "CHANGEHUB_RETRY_INITIAL", value_parser = parse_duration)]
     pub retry_initial: Option<Duration>,
@@ -156,6 +161,8 @@ struct FileConfig {
     lease_max: Option<Duration>,
     #[serde(default, with = "humantime_serde_opt")]
     retry_for: Option<Duration>,
+    #[serde(default, with = "humantime_serde_opt")]
+    max_future: Option<Duration>,
     #[serde(default, with = "humantime_serde_opt")]
     retry_initial: Option<Duration>,
     #[serde(default, with = "humantime_serde_opt")]
@@ -244,6 +251,8 @@ pub struct Config {
     pub lease_min: Duration,
     pub lease_max: Duration,
     pub retry_for: Duration,
+    /// How far in the future a change's datetime may be (`--max-future`).
+    pub max_future: Duration,
     pub retry_initial: Duration,
     pub retry_max: Duration,
     pub delivery_timeout: Duration,
@@ -448,6 +457,10 @@ impl ServeArgs {
             retry_for: self
                 .retry_for
                 .or(file.retry_for)
+                .unwrap_or(Duration::from_secs(86_400)),
+            max_future: self
+                .max_future
+                .or(file.max_future)
                 .unwrap_or(Duration::from_secs(86_400)),
             retry_initial: self
                 .retry_initial

@@ -143,6 +143,13 @@ pub async fn fat_ping(
             format!("not a valid Change List: {}", e.reason),
         )
     })?;
+    crate::ingest::not_too_far_ahead(&changes, time::OffsetDateTime::now_utc(), config.max_future)
+        .map_err(|e| {
+            (
+                StatusCode::BAD_REQUEST,
+                format!("not a valid Change List: {}", e.reason),
+            )
+        })?;
     let received = changes.len();
     let new = match external.by_url(topic) {
         Some(t) => external

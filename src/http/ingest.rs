@@ -57,18 +57,25 @@ pub async fn post_changes(
             format!("body larger than {max_body} bytes"),
         )
     })?;
-    let appended = ingest::accept(state.store.as_ref(), &name, format, &bytes, idempotency_key)
-        .await
-        .map_err(|e| match e {
-            IngestError::Body(e) => ApiError {
-                index: e.index,
-                ..ApiError::bad_request(e.reason)
-            },
-            e @ IngestError::IdempotencyConflict => {
-                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, e.to_string())
-            }
-            IngestError::Store(e) => ApiError::from(e),
-        })?;
+    let appended = ingest::accept(
+        state.store.as_ref(),
+        &name,
+        format,
+        &bytes,
+        idempotency_key,
+        state.config.max_future,
+    )
+    .await
+    .map_err(|e| match e {
+        IngestError::Body(e) => ApiError {
+            index: e.index,
+            ..ApiError::bad_request(e.reason)
+        },
+        e @ IngestError::IdempotencyConflict => {
+            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, e.to_string())
+        }
+        IngestError::Store(e) => ApiError::from(e),
+    })?;
     tracing::debug!(channel = %name, first = appended.first, last = appended.last, replayed = appended.replayed, "changes accepted");
     let mut response = (
         StatusCode::ACCEPTED,

@@ -13,6 +13,7 @@ pub use parse::{parse_body, BodyError, Format};
 use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
 
+use crate::model::NewChange;
 use crate::store::{Appended, IdempotencyKey, Store, StoreError};
 
 /// Longest `Idempotency-Key` accepted.
@@ -41,19 +42,51 @@ pub async fn accept(
     format: Format,
     body: &[u8],
     idempotency_key: Option<String>,
+    max_future: std::time::Duration,
 ) -> Result<Appended, IngestError> {
     let changes = parse_body(format, body, MAX_CHANGES).map_err(IngestError::Body)?;
+    let now = OffsetDateTime::now_utc();
+    not_too_far_ahead(&changes, now, max_future).map_err(IngestError::Body)?;
     let idempotency = idempotency_key.map(|key| IdempotencyKey {
         key,
         fingerprint: fingerprint(format, body),
     });
     store
-        .append(channel, changes, idempotency, OffsetDateTime::now_utc())
+        .append(channel, changes, idempotency, now)
         .await
         .map_err(|e| match e {
             StoreError::IdempotencyConflict => IngestError::IdempotencyConflict,
             other => IngestError::Store(other),
         })
+}
+
+/// Refuses a change dated more than `max_future` after `now` (`--max-future`): within a
+/// channel datetimes never go backwards, so one far-future datetime would hold every later
+/// change at that date.
+pub fn not_too_far_ahead(
+    changes: &[NewChange],
+    now: OffsetDateTime,
+    max_future: std::time::Duration,
+) -> Result<(), BodyError> {
+    let margin = time::Duration::try_from(max_future).unwrap_or(time::Duration::DAY);
+    let Some(latest) = now.checked_add(margin) else {
+        return Ok(());
+    };
+    match changes
+        .iter()
+        .enumerate()
+        .find_map(|(i, c)| c.datetime.filter(|dt| *dt > latest).map(|dt| (i, dt)))
+    {
+        Some((index, dt)) => Err(BodyError {
+            reason: format!(
+                "change {index}: datetime {} is more than {} in the future (--max-future)",
+                crate::model::format_datetime(dt),
+                humantime::format_duration(max_future)
+            ),
+            index: Some(index),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// What makes two requests "the same" for an idempotency key: their format and body.

@@ -99,6 +99,15 @@ async fn bad_ingest_requests_are_refused_and_store_nothing() {
         ),
         at(
             case(
+                "datetime far in the future",
+                format!(r#"[{GOOD},{{"loc":"http://example.com/b","change":"created","datetime":"2999-01-01T00:00:00Z"}}]"#),
+                400,
+                "in the future (--max-future)",
+            ),
+            1,
+        ),
+        at(
+            case(
                 "datetime past year 9999 in UTC",
                 r#"{"loc":"http://example.com/a","change":"created","datetime":"9999-12-31T23:59:59-23:59"}"#,
                 400,
@@ -447,4 +456,26 @@ async fn bad_hub_requests_are_refused_and_subscribe_nothing() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 403);
+}
+
+/// `--max-future`: a datetime within the margin is taken, beyond it refused; the margin is
+/// configurable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_future_margin_is_configurable() {
+    let in_days = |days: i64| {
+        changehub::model::format_datetime(
+            time::OffsetDateTime::now_utc() + time::Duration::days(days),
+        )
+    };
+    let change = |dt: String| serde_json::json!({"loc": "http://example.com/f", "change": "updated", "datetime": dt});
+    let hub = TestHub::start(|_| {}).await;
+    let (status, _) = hub.push_json(change(in_days(0))).await;
+    assert_eq!(status, 202, "now is fine");
+    let (status, json) = hub.push_json(change(in_days(2))).await;
+    assert_eq!(status, 400, "two days ahead, default margin 1 day: {json}");
+    let wide = TestHub::start(|c| c.max_future = std::time::Duration::from_secs(7 * 86_400)).await;
+    let (status, json) = wide.push_json(change(in_days(2))).await;
+    assert_eq!(status, 202, "{json}");
+    let (status, _) = wide.push_json(change(in_days(8))).await;
+    assert_eq!(status, 400);
 }

@@ -139,7 +139,8 @@ async fn cursor_older_than_retention_is_gone() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn datetimes_never_go_backwards() {
-    let hub = TestHub::start(|_| {}).await;
+    // A datetime years ahead is refused by default (--max-future); this test needs one.
+    let hub = TestHub::start(|c| c.max_future = Duration::from_secs(20 * 365 * 86_400)).await;
     let (status, _) = hub
         .push_json(serde_json::json!([
             {"loc": "http://example.com/a", "change": "created", "datetime": "2030-01-01T00:00:00Z"},
