@@ -15,6 +15,7 @@ mod external;
 mod golden;
 mod live;
 mod logs;
+mod reference_client;
 mod resources;
 mod shutdown;
 mod topics;
