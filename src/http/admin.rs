@@ -201,14 +201,19 @@ struct RedeliverBody {
 
 /// `POST /api/subscriptions/{id}/redeliver?from=SEQ` (or a JSON body `{"from": SEQ}`):
 /// delivers again every change from SEQ on.
+/// Largest `{"from": SEQ}` body.
+const REDELIVER_BODY_LIMIT: usize = 4096;
+
 pub async fn redeliver(
     State(state): State<AppState>,
     Path(id): Path<String>,
     Query(query): Query<RedeliverQuery>,
     headers: HeaderMap,
-    body: bytes::Bytes,
+    body: axum::body::Body,
 ) -> Result<Response, ApiError> {
+    // The token first: nothing of the body is read for a caller without it.
     authorize(&state, &headers)?;
+    let body = super::read_body(body, REDELIVER_BODY_LIMIT).await?;
     let from = match query.from {
         Some(s) => s
             .parse::<u64>()

@@ -7,6 +7,7 @@
 //!   and verified in the background ([`websub::process`]): this handler never waits on
 //!   outbound HTTP.
 
+use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -18,13 +19,34 @@ use crate::external::publish::{self, FatPingError};
 use crate::fanout::websub;
 use crate::net::media;
 
-/// `POST /hub`.
-pub async fn hub(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+/// Largest form body: a WebSub request is a few parameters.
+const FORM_LIMIT: usize = 64 * 1024;
+
+/// `POST /hub`. The body is read after its type is known, up to the limit of that kind of
+/// request: a form to [`FORM_LIMIT`], a fat ping's Change List to `--max-body`.
+pub async fn hub(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
     let content_type = headers
         .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("application/x-www-form-urlencoded");
-    if media::is_xml(content_type) {
+    let is_xml = media::is_xml(content_type);
+    if !is_xml && media::essence(content_type) != "application/x-www-form-urlencoded" {
+        return (
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "WebSub requests are application/x-www-form-urlencoded",
+        )
+            .into_response();
+    }
+    let limit = if is_xml {
+        state.config.max_body
+    } else {
+        FORM_LIMIT
+    };
+    let body: Bytes = match super::read_body(body, limit).await {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
+    };
+    if is_xml {
         let links: Vec<&str> = headers
             .get_all(http::header::LINK)
             .iter()
@@ -35,13 +57,6 @@ pub async fn hub(State(state): State<AppState>, headers: HeaderMap, body: Bytes)
             Err(FatPingError::Refused(refusal)) => refusal.into_response(),
             Err(FatPingError::Store(e)) => ApiError::from(e).into_response(),
         };
-    }
-    if media::essence(content_type) != "application/x-www-form-urlencoded" {
-        return (
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "WebSub requests are application/x-www-form-urlencoded",
-        )
-            .into_response();
     }
     if form_urlencoded::parse(&body).any(|(k, v)| k == "hub.mode" && v == "publish") {
         return match publish::ping(&state.config, &state.external, &body) {

@@ -2,6 +2,7 @@
 
 use crate::common::*;
 use reqwest::StatusCode;
+use std::time::Duration;
 
 struct Case {
     name: &'static str,
@@ -478,4 +479,45 @@ async fn the_future_margin_is_configurable() {
     assert_eq!(status, 202, "{json}");
     let (status, _) = wide.push_json(change(in_days(8))).await;
     assert_eq!(status, 400);
+}
+
+/// Bodies: a WebSub form is refused past 64 KiB (a fat ping may still be as large as
+/// `--max-body`), and the admin API refuses a caller without its token before reading a byte
+/// of the body — even a body that never ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_are_bounded_per_route_and_read_only_after_authentication() {
+    let hub = TestHub::start(|_| {}).await;
+    let big_form = format!(
+        "hub.mode=subscribe&hub.topic={}&hub.callback=http://127.0.0.1:9/&pad={}",
+        hub.topic(),
+        "x".repeat(100 * 1024)
+    );
+    let resp = hub
+        .client
+        .post(format!("{}/hub", hub.url))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(big_form)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(hub.subscriptions().await.is_empty());
+
+    // A body announced as 1 MB of which 9 bytes come, then nothing, ever: the answer must
+    // not wait for the rest.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(hub.addr).await.unwrap();
+    let head = format!(
+        "POST /api/subscriptions/any/redeliver HTTP/1.1\r\nhost: {}\r\n\
+         content-type: application/json\r\ncontent-length: 1000000\r\n\r\n{{\"from\": ",
+        hub.addr
+    );
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = vec![0u8; 512];
+    let n = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut answer))
+        .await
+        .expect("answered without reading the body")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer[..n]).to_string();
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
 }
