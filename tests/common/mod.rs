@@ -194,8 +194,13 @@ impl TestHub {
     /// Waits until the batcher has published everything up to `seq` (so that a follower
     /// starting now replays it from the log).
     pub async fn wait_published(&self, seq: u64) {
+        self.wait_published_in(CHANNEL, seq).await
+    }
+
+    /// The same, for channel `channel`.
+    pub async fn wait_published_in(&self, channel: &str, seq: u64) {
         wait_until(
-            &format!("seq {seq} published"),
+            &format!("{channel} published up to {seq}"),
             Duration::from_secs(10),
             || async {
                 let channels: serde_json::Value = self
@@ -207,11 +212,9 @@ impl TestHub {
                     .json()
                     .await
                     .unwrap();
-                channels
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .any(|c| c["name"] == CHANNEL && c["published"].as_u64().unwrap() >= seq)
+                channels.as_array().unwrap().iter().any(|c| {
+                    c["name"] == channel && c["published"].as_u64().is_some_and(|p| p >= seq)
+                })
             },
         )
         .await;

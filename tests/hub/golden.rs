@@ -143,31 +143,6 @@ async fn get(hub: &TestHub, path: &str) -> Vec<u8> {
     resp.bytes().await.unwrap().to_vec()
 }
 
-/// Waits until the batcher of `channel` has published everything up to `seq`.
-async fn wait_published(hub: &TestHub, channel: &str, seq: u64) {
-    wait_until(
-        &format!("{channel} published up to {seq}"),
-        Duration::from_secs(10),
-        || async {
-            let channels: serde_json::Value = hub
-                .client
-                .get(format!("{}/channels", hub.url))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            channels
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|c| c["name"] == channel && c["published"].as_u64().is_some_and(|p| p >= seq))
-        },
-    )
-    .await;
-}
-
 /// The changes of `changelist.xml`.
 fn changelist_changes() -> serde_json::Value {
     json!([
@@ -304,7 +279,7 @@ async fn golden_notification_sent_by_the_hub() {
         })
         .collect();
     push(&hub, DATASET1, DATASET1_TOKEN, json!(earlier), (1, 40)).await;
-    wait_published(&hub, DATASET1, 40).await;
+    hub.wait_published_in(DATASET1, 40).await;
 
     let receiver = Receiver::start(Behaviour::default()).await;
     subscribe_at(&hub.url, DATASET1, &receiver.url).await;

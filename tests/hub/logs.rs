@@ -8,40 +8,88 @@ use std::time::Duration;
 /// A forged log line hidden in a topic URL.
 const FORGED: &str = "http://example.com/x\r\n2026-01-01T00:00:00Z  INFO forged: admin logged in";
 
+/// A `changehub serve` process whose stderr goes to a file.
+struct LoggedHub {
+    child: std::process::Child,
+    url: String,
+    log_path: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl LoggedHub {
+    /// Starts `changehub --log-format FORMAT serve` (RUST_LOG=changehub=info) with `args`
+    /// beside the listen address and data folder, and waits until it is ready.
+    async fn start(format: &str, args: &[&str]) -> LoggedHub {
+        let dir = tempfile::tempdir().unwrap();
+        let log_path = dir.path().join("stderr.log");
+        let port = free_port();
+        let url = format!("http://127.0.0.1:{port}");
+        let child = Command::new(env!("CARGO_BIN_EXE_changehub"))
+            .args(["--log-format", format, "serve"])
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--data-dir", dir.path().join("data").to_str().unwrap()])
+            .args(args)
+            .env("RUST_LOG", "changehub=info")
+            .env_remove("NO_COLOR")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log_path).unwrap())
+            .spawn()
+            .expect("start changehub");
+        let client = reqwest::Client::new();
+        wait_until("the hub is ready", Duration::from_secs(20), || async {
+            client
+                .get(format!("{url}/readyz"))
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success())
+        })
+        .await;
+        LoggedHub {
+            child,
+            url,
+            log_path,
+            _dir: dir,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    /// Stops it with SIGTERM; asserts a clean exit; returns everything it logged.
+    async fn stop(self) -> String {
+        let LoggedHub {
+            mut child,
+            log_path,
+            _dir,
+            ..
+        } = self;
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let status = tokio::task::spawn_blocking(move || child.wait())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(status.success(), "{status}");
+        std::fs::read_to_string(&log_path).unwrap()
+    }
+}
+
 /// Runs `changehub serve --log-format FORMAT`, asks for a subscription that is denied (and
 /// logged with its topic), stops it, and returns what it wrote on stderr.
 async fn log_of_a_denied_subscription(format: &str) -> String {
-    let dir = tempfile::tempdir().unwrap();
-    let log_path = dir.path().join("stderr.log");
-    let port = free_port();
-    let url = format!("http://127.0.0.1:{port}");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_changehub"))
-        .args(["--log-format", format, "serve"])
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .args(["--data-dir", dir.path().join("data").to_str().unwrap()])
-        .args([
+    let hub = LoggedHub::start(
+        format,
+        &[
             "--channel",
             "news=secret-token",
             "--allow-private-callbacks",
-        ])
-        .env("RUST_LOG", "changehub=info")
-        .env_remove("NO_COLOR")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log_path).unwrap())
-        .spawn()
-        .expect("start changehub");
-    let client = reqwest::Client::new();
-    wait_until("the hub is ready", Duration::from_secs(20), || async {
-        client
-            .get(format!("{url}/readyz"))
-            .send()
-            .await
-            .is_ok_and(|r| r.status().is_success())
-    })
+        ],
+    )
     .await;
     let (status, text) = hub_request_at(
-        &client,
-        &url,
+        &reqwest::Client::new(),
+        &hub.url,
         &[
             ("hub.mode", "subscribe"),
             ("hub.topic", FORGED),
@@ -51,17 +99,10 @@ async fn log_of_a_denied_subscription(format: &str) -> String {
     .await;
     assert_eq!(status, 202, "{text}");
     wait_until("the denial is logged", Duration::from_secs(10), || async {
-        std::fs::read_to_string(&log_path).is_ok_and(|l| l.contains("subscription denied"))
+        hub.log().contains("subscription denied")
     })
     .await;
-    // SAFETY: kill(2) on our own child's pid.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let status = tokio::task::spawn_blocking(move || child.wait())
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(status.success(), "{status}");
-    std::fs::read_to_string(&log_path).unwrap()
+    hub.stop().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -172,42 +213,25 @@ async fn startup_errors_are_one_clear_line() {
 /// one line when it ends, not one per retry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delivery_trouble_is_logged_once_and_its_recovery_too() {
-    let dir = tempfile::tempdir().unwrap();
-    let log_path = dir.path().join("stderr.log");
-    let port = free_port();
-    let url = format!("http://127.0.0.1:{port}");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_changehub"))
-        .args(["--log-format", "json", "serve"])
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .args(["--data-dir", dir.path().join("data").to_str().unwrap()])
-        .args([
+    let channel = format!("{CHANNEL}={TOKEN}");
+    let hub = LoggedHub::start(
+        "json",
+        &[
             "--channel",
-            &format!("{CHANNEL}={TOKEN}"),
+            &channel,
             "--allow-private-callbacks",
-        ])
-        .args(["--admin-token", ADMIN])
-        .args([
+            "--admin-token",
+            ADMIN,
             "--linger",
             "20ms",
             "--retry-initial",
             "50ms",
             "--retry-max",
             "200ms",
-        ])
-        .env("RUST_LOG", "changehub=info")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log_path).unwrap())
-        .spawn()
-        .expect("start changehub");
-    let client = reqwest::Client::new();
-    wait_until("the hub is ready", Duration::from_secs(20), || async {
-        client
-            .get(format!("{url}/readyz"))
-            .send()
-            .await
-            .is_ok_and(|r| r.status().is_success())
-    })
+        ],
+    )
     .await;
+    let (url, client) = (hub.url.clone(), reqwest::Client::new());
     let receiver = Receiver::start(Behaviour {
         fail_first: 4,
         ..Behaviour::default()
@@ -231,13 +255,7 @@ async fn delivery_trouble_is_logged_once_and_its_recovery_too() {
         .unwrap();
     assert_eq!(resp.status(), 202);
     receiver.wait_seq(1, Duration::from_secs(20)).await;
-    // SAFETY: kill(2) on our own child's pid.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    tokio::task::spawn_blocking(move || child.wait())
-        .await
-        .unwrap()
-        .unwrap();
-    let log = std::fs::read_to_string(&log_path).unwrap();
+    let log = hub.stop().await;
     let messages: Vec<String> = log
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
