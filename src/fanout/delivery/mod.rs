@@ -33,7 +33,7 @@ use crate::batcher::{render_notification, ChannelFeed};
 use crate::external::{Content, ContentRetry};
 use crate::model::{DeliveryState, PendingDelivery, Subscription};
 use post::{deliver, post, Payload};
-use settle::{settle, ContentAttempts, Policy, Settled};
+use settle::{settle, ContentAttempts, Policy, Settled, What};
 
 type ContentRx = watch::Receiver<Option<Arc<Content>>>;
 
@@ -198,7 +198,7 @@ impl Worker {
             next_attempt_at: at,
         };
         let settled = settle(outcome, &mut self.state.pending, start, &self.policy, now);
-        settled.record(&mut self.state, sub, &format!("seqs {first}-{last}"), now);
+        settled.record(&mut self.state, sub, What::Seqs(first, last), now);
         match settled {
             Settled::Gone => return self.end(sub).await,
             Settled::Delivered | Settled::GaveUp { .. } => self.state.cursor = last,
@@ -258,7 +258,7 @@ impl Worker {
         let now = OffsetDateTime::now_utc();
         let (retry, start) = (&mut self.content_retry, ContentAttempts::starting);
         let settled = settle(outcome, retry, start, &self.policy, now);
-        settled.record(&mut self.state, sub, "topic content", now);
+        settled.record(&mut self.state, sub, What::Content, now);
         match settled {
             Settled::Gone => return self.end(sub).await,
             Settled::Delivered | Settled::GaveUp { .. } => self.content_delivered = content.version,

@@ -79,6 +79,25 @@ impl Policy {
     }
 }
 
+/// What was being delivered, named in logs and in `last_error` (only formatted when used,
+/// so that a delivery that goes well costs no string).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum What {
+    /// A Change List notification of these seqs.
+    Seqs(u64, u64),
+    /// An external topic's content.
+    Content,
+}
+
+impl std::fmt::Display for What {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            What::Seqs(first, last) => write!(f, "seqs {first}-{last}"),
+            What::Content => f.write_str("topic content"),
+        }
+    }
+}
+
 /// What an attempt came to, once its retry is accounted for.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Settled {
@@ -138,13 +157,13 @@ impl Settled {
     /// Logs the result and records it in the subscription's health (`last_success`,
     /// `last_error`, shown by the admin API). Logged: the first failure of a streak (warn),
     /// the recovery (info), a payload given up (warn) and 410 (info); retries in between at
-    /// debug level. `what` names the payload: "seqs 3-5",
+    /// debug level. `what` names the payload.
     /// "topic content".
     pub(super) fn record(
         &self,
         state: &mut DeliveryState,
         sub: &Subscription,
-        what: &str,
+        what: What,
         now: OffsetDateTime,
     ) {
         // A failing subscription logs when its trouble starts, when it ends, and when a
@@ -153,7 +172,7 @@ impl Settled {
         match self {
             Settled::Delivered => {
                 if failing {
-                    tracing::info!(callback = %sub.callback, what, "delivery recovered");
+                    tracing::info!(callback = %sub.callback, %what, "delivery recovered");
                 }
                 state.last_success = Some(now);
                 state.last_error = None;
@@ -167,16 +186,16 @@ impl Settled {
                 reason,
             } => {
                 if failing {
-                    tracing::debug!(callback = %sub.callback, what, attempts, %reason, ?delay,
+                    tracing::debug!(callback = %sub.callback, %what, attempts, %reason, ?delay,
                         "delivery failed; will retry");
                 } else {
-                    tracing::warn!(callback = %sub.callback, what, %reason, ?delay,
+                    tracing::warn!(callback = %sub.callback, %what, %reason, ?delay,
                         "delivery failing; will retry (logged again when it recovers or gives up)");
                 }
                 state.last_error = Some(reason.clone());
             }
             Settled::GaveUp { attempts, reason } => {
-                tracing::warn!(callback = %sub.callback, what, attempts, %reason,
+                tracing::warn!(callback = %sub.callback, %what, attempts, %reason,
                     "giving up after retrying");
                 state.last_error = Some(format!(
                     "gave up on {what} after {attempts} attempts: {reason}"
@@ -269,12 +288,12 @@ mod tests {
             attempts: 4,
             reason: "callback answered 500".into(),
         }
-        .record(&mut state, &sub, "seqs 3-5", now);
+        .record(&mut state, &sub, What::Seqs(3, 5), now);
         assert_eq!(
             state.last_error.as_deref(),
             Some("gave up on seqs 3-5 after 4 attempts: callback answered 500")
         );
-        Settled::Delivered.record(&mut state, &sub, "seqs 6-6", now);
+        Settled::Delivered.record(&mut state, &sub, What::Seqs(6, 6), now);
         assert_eq!(state.last_error, None);
         assert_eq!(state.last_success, Some(now));
     }
