@@ -103,8 +103,27 @@ pub(super) async fn marks(
     Ok(out)
 }
 
-/// Completes the index of a channel logged before the index existed.
+/// Completes the index of a channel logged before the index existed. Once a channel's index
+/// is known complete, this process does not ask Redis again.
 async fn ensure_indexed(store: &RedisStore, channel: &str) -> Result<(), StoreError> {
+    let known = store
+        .indexed
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .contains(channel);
+    if known {
+        return Ok(());
+    }
+    complete_index(store, channel).await?;
+    store
+        .indexed
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(channel.to_string());
+    Ok(())
+}
+
+async fn complete_index(store: &RedisStore, channel: &str) -> Result<(), StoreError> {
     let mut conn = store.conn();
     let (indexed, oldest): (Option<String>, Option<u64>) = timed(
         redis::cmd("HMGET")

@@ -141,6 +141,8 @@ pub struct RedisStore {
     events: broadcast::Sender<ClusterEvent>,
     /// Subscription id → channel, learnt as subscriptions are stored or read (never changes).
     sub_channels: Mutex<HashMap<String, String>>,
+    /// Channels whose resource index is known to be complete (checked once per process).
+    indexed: Mutex<std::collections::HashSet<String>>,
     scripts: Scripts,
     /// Stops the listener task when the store goes away.
     stop: CancellationToken,
@@ -177,6 +179,7 @@ impl RedisStore {
             heads,
             events,
             sub_channels: Mutex::default(),
+            indexed: Mutex::default(),
             scripts: Scripts::load(),
             stop,
         })
