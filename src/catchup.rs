@@ -141,7 +141,9 @@ pub async fn resource_list(
     let at = OffsetDateTime::now_utc();
     let up = DocLink::new("up", urls.capability_list(channel));
     if store.resource_count(channel).await? <= MAX_RESOURCES as u64 {
-        let (resources, seq) = listed(store, channel, 0, None).await?;
+        let (resources, seq) = listed(store, channel, 0, None, usize::MAX)
+            .await?
+            .unwrap_or_default();
         let header = ResourceListHeader {
             at,
             completed: Some(OffsetDateTime::now_utc()),
@@ -203,12 +205,13 @@ pub async fn resource_list_page(
             head.last
         )));
     }
-    let (resources, seq) = listed(store, channel, after, upto).await?;
-    if resources.len() > MAX_RESOURCES * 2 {
-        return Err(CatchupError::BadPage(
-            "not a page of this hub's Resource List Index".into(),
-        ));
-    }
+    // A page of the index lists about MAX_RESOURCES (more when resources moved to the last
+    // page meanwhile); anything much larger is no page the index gave.
+    let (resources, seq) = listed(store, channel, after, upto, MAX_RESOURCES * 2)
+        .await?
+        .ok_or_else(|| {
+            CatchupError::BadPage("not a page of this hub's Resource List Index".into())
+        })?;
     let header = ResourceListHeader {
         at,
         completed: Some(OffsetDateTime::now_utc()),
@@ -225,13 +228,15 @@ pub async fn resource_list_page(
 }
 
 /// The resources of the index whose latest change has a seq in (`after`, `upto`], not
-/// deleted, and the channel's seq when the first part was read.
+/// deleted, and the channel's seq when the first part was read; `None` as soon as there are
+/// more than `cap` of them.
 async fn listed(
     store: &dyn Store,
     channel: &str,
     after: u64,
     upto: Option<u64>,
-) -> Result<(Vec<Change>, u64), StoreError> {
+    cap: usize,
+) -> Result<Option<(Vec<Change>, u64)>, StoreError> {
     let mut out = Vec::new();
     let mut seq = None;
     let mut cursor = after;
@@ -241,15 +246,18 @@ async fn listed(
         let read = page.resources.len();
         for change in page.resources {
             if upto.is_some_and(|upto| change.seq > upto) {
-                return Ok((out, seq.unwrap_or(0)));
+                return Ok(Some((out, seq.unwrap_or(0))));
             }
             cursor = change.seq;
             if change.change != ChangeType::Deleted {
+                if out.len() == cap {
+                    return Ok(None);
+                }
                 out.push(change);
             }
         }
         if read < INDEX_READ {
-            return Ok((out, seq.unwrap_or(0)));
+            return Ok(Some((out, seq.unwrap_or(0))));
         }
     }
 }
