@@ -265,29 +265,6 @@ impl Out {
         self.raw("/>\n");
     }
 
-    fn resource(&mut self, c: &Change) {
-        self.raw("  <url>\n    <loc>");
-        self.text(&c.loc);
-        self.raw("</loc>\n    <lastmod>");
-        self.raw(&format_datetime(c.lastmod.unwrap_or(c.datetime)));
-        self.raw("</lastmod>\n    <rs:md");
-        if let Some(hash) = &c.hash {
-            self.attr("hash", hash);
-        }
-        if let Some(length) = c.length {
-            self.u64_attr("length", length);
-        }
-        if let Some(media_type) = &c.media_type {
-            self.attr("type", media_type);
-        }
-        self.u64_attr("ch:seq", c.seq);
-        self.raw("/>\n");
-        for link in &c.links {
-            self.link(link);
-        }
-        self.raw("  </url>\n");
-    }
-
     fn doc_links(&mut self, links: &[DocLink]) {
         for link in links {
             self.raw("  <rs:ln");
@@ -306,13 +283,24 @@ impl Out {
     }
 
     fn change(&mut self, c: &Change) {
+        self.url_entry(c, true);
+    }
+
+    /// A resource of a Resource List: its latest change without `change` and `datetime`.
+    fn resource(&mut self, c: &Change) {
+        self.url_entry(c, false);
+    }
+
+    fn url_entry(&mut self, c: &Change, as_change: bool) {
         self.raw("  <url>\n    <loc>");
         self.text(&c.loc);
         self.raw("</loc>\n    <lastmod>");
         self.raw(&format_datetime(c.lastmod.unwrap_or(c.datetime)));
         self.raw("</lastmod>\n    <rs:md");
-        self.attr("change", c.change.as_str());
-        self.datetime_attr("datetime", c.datetime);
+        if as_change {
+            self.attr("change", c.change.as_str());
+            self.datetime_attr("datetime", c.datetime);
+        }
         if let Some(hash) = &c.hash {
             self.attr("hash", hash);
         }
