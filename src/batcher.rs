@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::model::{Change, Notification};
-use crate::resourcesync::{self, ChangeListHeader, DocLink};
+use crate::resourcesync::{self, ChangeListHeader};
 use crate::store::Store;
 
 /// How many recent notifications a feed keeps for delivery workers to share.
@@ -34,10 +34,7 @@ pub fn render_notification(config: &Config, channel: &str, changes: Vec<Change>)
     let header = ChangeListHeader {
         from: changes.first().map(|c| c.datetime),
         until: changes.last().map(|c| c.datetime),
-        links: vec![DocLink {
-            rel: "up".into(),
-            href: config.urls.capability_list(channel),
-        }],
+        links: crate::catchup::change_list_links(&config.urls, channel),
         seq_range: Some((first, last)),
     };
     let body = Bytes::from(resourcesync::write_change_list(&header, &changes));

@@ -1,7 +1,10 @@
 //! Catch-up and discovery: the documents anyone can pull, rendered from the log.
 //!
-//! - [`changelist`]: the topic, an open Change List of the newest retained changes, with an
-//!   [`etag`] that changes whenever the log does.
+//! - [`changelist`]: the topic, the open Change List (the changes since the last close), with
+//!   an [`etag`] that changes whenever it does.
+//! - [`archive`] and [`closed_list`]: the Change List Archive, and the closed lists it
+//!   points to. The log is cut into lists by seq ([`Lists`]): closed list k holds the seqs
+//!   ((k−1)·N, k·N], so a closed list never changes and its URL names its range.
 //! - [`changes_after`]: the exact page of changes after a seq, with a `next` link while more
 //!   remain; [`CatchupError::Gone`] with the oldest retained seq when the seq fell out of
 //!   retention.
@@ -15,10 +18,12 @@
 
 use time::OffsetDateTime;
 
-use crate::model::{Change, ChangeType};
+use crate::model::{Change, ChangeType, Lists};
 use crate::net::Urls;
-use crate::resourcesync::{self, Capability, ChangeListHeader, DocLink, ResourceListHeader};
-use crate::store::{Store, StoreError};
+use crate::resourcesync::{
+    self, Capability, ChangeListHeader, DocLink, IndexEntry, ResourceListHeader,
+};
+use crate::store::{ChannelHead, Store, StoreError};
 
 /// Most changes in the open Change List and in one `changes?after=` page.
 pub const MAX_LIST: usize = 50_000;
@@ -37,29 +42,61 @@ pub enum CatchupError {
     /// A Resource List page whose bounds make no sense.
     #[error("{0}")]
     BadPage(String),
+    /// No such closed Change List or archive page.
+    #[error("{0}")]
+    NotFound(String),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
 
-/// The entity tag of a channel's topic document: it changes whenever the log's retained range
-/// does.
-pub async fn etag(store: &dyn Store, channel: &str) -> Result<String, StoreError> {
+/// The entity tag of a channel's topic document: it changes whenever the open list does.
+pub async fn etag(store: &dyn Store, channel: &str, lists: Lists) -> Result<String, StoreError> {
     let head = store.head(channel).await?;
-    Ok(format!("\"{}-{}\"", head.oldest, head.last))
+    Ok(format!(
+        "\"{}-{}-{}\"",
+        open_after(head, lists),
+        head.last,
+        lists.size
+    ))
 }
 
-/// The topic document of `channel`: an open Change List of its newest retained changes (at
-/// most [`MAX_LIST`]).
+/// The topic starts after this seq: the last seq of the last closed list, or the last trimmed
+/// seq when retention cut further (only logs trimmed before lists were closed).
+fn open_after(head: ChannelHead, lists: Lists) -> u64 {
+    lists
+        .closed_upto(head.last)
+        .max(head.oldest.saturating_sub(1))
+}
+
+/// The topic document of `channel`: the open Change List, the changes after the last closed
+/// list. Its `from` is the `until` of the last closed list (the datetime of its last change),
+/// or when that is no longer retained the first change's datetime, or when the list is empty
+/// and nothing was ever closed, when the channel began.
 pub async fn changelist(
     store: &dyn Store,
     urls: &Urls,
     channel: &str,
+    lists: Lists,
 ) -> Result<Vec<u8>, StoreError> {
-    let changes = store.read_newest(channel, MAX_LIST).await?;
-    // `from` is mandatory: an empty list starts when the channel began.
-    let from = match changes.first() {
-        Some(first) => first.datetime,
-        None => {
+    let head = store.head(channel).await?;
+    let after = open_after(head, lists);
+    let closed = lists.closed_upto(head.last);
+    // Bounded by the head just read: changes appended meanwhile wait for the next request.
+    let limit = (closed + lists.size - after).min(MAX_LIST as u64) as usize;
+    let changes = store.read(channel, after, limit).await?;
+    let boundary = if closed >= head.oldest && closed > 0 {
+        store
+            .read(channel, closed - 1, 1)
+            .await?
+            .first()
+            .map(|c| c.datetime)
+    } else {
+        None
+    };
+    let from = match (boundary, changes.first()) {
+        (Some(until), _) => until,
+        (None, Some(first)) => first.datetime,
+        (None, None) => {
             store
                 .channel_created(channel, OffsetDateTime::now_utc())
                 .await?
@@ -68,13 +105,165 @@ pub async fn changelist(
     let header = ChangeListHeader {
         from: Some(from),
         until: None,
-        links: vec![DocLink::new("up", urls.capability_list(channel))],
+        links: change_list_links(urls, channel),
         seq_range: changes
             .first()
             .zip(changes.last())
             .map(|(f, l)| (f.seq, l.seq)),
     };
     Ok(resourcesync::write_change_list(&header, &changes))
+}
+
+/// The links every Change List of `channel` carries: up to its Capability List, and to its
+/// Change List Archive.
+pub fn change_list_links(urls: &Urls, channel: &str) -> Vec<DocLink> {
+    vec![
+        DocLink::new("up", urls.capability_list(channel)),
+        DocLink::new("archives", urls.archive(channel)),
+    ]
+}
+
+/// A closed Change List: the changes `first..=last`, all of them at or before the newest seq,
+/// so its bytes never change (`from` and `until` are the datetimes of its first and last
+/// change). The archive lists the closed lists of [`Lists`]; any other range of at most
+/// [`MAX_LIST`] closed changes is served the same way.
+pub async fn closed_list(
+    store: &dyn Store,
+    urls: &Urls,
+    channel: &str,
+    first: u64,
+    last: u64,
+) -> Result<Vec<u8>, CatchupError> {
+    if first == 0 || last < first || last - first >= MAX_LIST as u64 {
+        return Err(CatchupError::NotFound(format!(
+            "{first}-{last} is not a Change List of this hub: closed lists are FIRST-LAST with \
+             1 <= FIRST <= LAST and at most {MAX_LIST} changes"
+        )));
+    }
+    let head = store.head(channel).await?;
+    if last > head.last {
+        return Err(CatchupError::NotFound(format!(
+            "{first}-{last} is not closed: the newest seq of the channel is {}",
+            head.last
+        )));
+    }
+    let gone = CatchupError::Gone {
+        after: first - 1,
+        oldest: head.oldest,
+    };
+    if first < head.oldest {
+        return Err(gone);
+    }
+    let changes = store
+        .read(channel, first - 1, (last - first + 1) as usize)
+        .await?;
+    if changes.first().map(|c| c.seq) != Some(first) {
+        return Err(gone); // trimmed meanwhile
+    }
+    let header = ChangeListHeader {
+        from: changes.first().map(|c| c.datetime),
+        until: changes.last().map(|c| c.datetime),
+        links: change_list_links(urls, channel),
+        seq_range: Some((first, last)),
+    };
+    Ok(resourcesync::write_change_list(&header, &changes))
+}
+
+/// Closed Change Lists per Change List Archive document; beyond that the archive becomes an
+/// archive index whose page P lists the closed lists ((P−1)·ARCHIVE_PAGE, P·ARCHIVE_PAGE].
+pub const ARCHIVE_PAGE: u64 = 1_000;
+
+/// The Change List Archive of `channel`: one entry per retained closed list, oldest first —
+/// or, when there are more than [`ARCHIVE_PAGE`], an archive index of pages. `page` asks for
+/// one page of that index.
+pub async fn archive(
+    store: &dyn Store,
+    urls: &Urls,
+    channel: &str,
+    lists: Lists,
+    page: Option<u64>,
+) -> Result<Vec<u8>, CatchupError> {
+    let head = store.head(channel).await?;
+    let last_list = lists.closed_upto(head.last) / lists.size;
+    let first_list = lists.list_of(head.oldest);
+    let page_of = |k: u64| (k - 1) / ARCHIVE_PAGE + 1;
+    let up = DocLink::new("up", urls.capability_list(channel));
+    let mut header = ChangeListHeader {
+        links: vec![up],
+        ..ChangeListHeader::default()
+    };
+    let (from_list, to_list) = match page {
+        Some(p) => {
+            if last_list < first_list || p < page_of(first_list) || p > page_of(last_list) {
+                return Err(CatchupError::NotFound(format!(
+                    "the Change List Archive of {channel:?} has no page {p}"
+                )));
+            }
+            header
+                .links
+                .push(DocLink::new("index", urls.archive(channel)));
+            let (a, b) = ((p - 1) * ARCHIVE_PAGE + 1, p * ARCHIVE_PAGE);
+            (a.max(first_list), b.min(last_list))
+        }
+        None if last_list >= first_list && last_list - first_list >= ARCHIVE_PAGE => {
+            let mut pages = Vec::new();
+            for p in page_of(first_list)..=page_of(last_list) {
+                let (a, b) = ((p - 1) * ARCHIVE_PAGE + 1, p * ARCHIVE_PAGE);
+                let (first, _) = bounds(lists, a.max(first_list), head);
+                let (_, last) = bounds(lists, b.min(last_list), head);
+                pages.push(IndexEntry {
+                    loc: urls.archive_page(channel, p),
+                    from: datetime_of(store, channel, first).await?,
+                    until: datetime_of(store, channel, last).await?,
+                });
+            }
+            header.seq_range = Some((head.oldest, lists.closed_upto(head.last)));
+            return Ok(resourcesync::write_change_list_archive_index(
+                &header, &pages,
+            ));
+        }
+        None => (first_list, last_list),
+    };
+    let mut entries = Vec::new();
+    for k in from_list..=to_list {
+        if k > last_list || k < first_list {
+            break;
+        }
+        let (first, last) = bounds(lists, k, head);
+        entries.push(IndexEntry {
+            loc: urls.closed_list(channel, first, last),
+            from: datetime_of(store, channel, first).await?,
+            until: datetime_of(store, channel, last).await?,
+        });
+    }
+    if from_list <= to_list && to_list <= last_list {
+        header.seq_range = Some((
+            bounds(lists, from_list, head).0,
+            bounds(lists, to_list, head).1,
+        ));
+    }
+    Ok(resourcesync::write_change_list_archive(&header, &entries))
+}
+
+/// The retained seqs of closed list `k`: all of it, or for a list that retention cut before
+/// lists were closed, its retained end.
+fn bounds(lists: Lists, k: u64, head: ChannelHead) -> (u64, u64) {
+    let (first, last) = lists.range(k);
+    (first.max(head.oldest), last)
+}
+
+/// The datetime of change `seq`, if retained.
+async fn datetime_of(
+    store: &dyn Store,
+    channel: &str,
+    seq: u64,
+) -> Result<Option<OffsetDateTime>, StoreError> {
+    Ok(store
+        .read(channel, seq.saturating_sub(1), 1)
+        .await?
+        .into_iter()
+        .find(|c| c.seq == seq)
+        .map(|c| c.datetime))
 }
 
 /// One page of `changes?after=`.
@@ -94,6 +283,13 @@ pub async fn changes_after(
     limit: usize,
 ) -> Result<Page, CatchupError> {
     let head = store.head(channel).await?;
+    if after > head.last {
+        return Err(CatchupError::BadPage(format!(
+            "after ({after}) is beyond the channel's newest seq ({}): is it a seq of another \
+             channel?",
+            head.last
+        )));
+    }
     if after.saturating_add(1) < head.oldest {
         return Err(CatchupError::Gone {
             after,
@@ -103,7 +299,7 @@ pub async fn changes_after(
     let changes = store.read(channel, after, limit).await?;
     let last = changes.last().map(|c| c.seq).unwrap_or(after);
     let next = (last < head.last).then(|| urls.changes_after(channel, last, limit));
-    let mut links = vec![DocLink::new("up", urls.capability_list(channel))];
+    let mut links = change_list_links(urls, channel);
     if let Some(next) = &next {
         links.push(DocLink::new("next", next.clone()));
     }
@@ -272,6 +468,10 @@ pub fn capability_list(urls: &Urls, channel: &str) -> Vec<u8> {
         Capability {
             loc: urls.topic(channel),
             capability: "changelist".into(),
+        },
+        Capability {
+            loc: urls.archive(channel),
+            capability: "changelist-archive".into(),
         },
         Capability {
             loc: urls.resource_list(channel),

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::model::{valid_channel_name, Algorithm, Retention};
+use crate::model::{valid_channel_name, Algorithm, Retention, MAX_LIST_SIZE};
 use crate::net::Urls;
 
 #[derive(Debug, thiserror::Error)]
@@ -112,6 +112,10 @@ pub struct ServeArgs {
     /// Drop changes older than this (default: keep by count only).
     #[arg(long, env = "CHANGEHUB_RETAIN_FOR", value_parser = parse_duration)]
     pub retain_for: Option<Duration>,
+    /// Close the open Change List (the topic) into the archive every N changes (default
+    /// 10,000, at most 50,000). Retention drops whole closed lists.
+    #[arg(long, env = "CHANGEHUB_ARCHIVE_EVERY")]
+    pub archive_every: Option<u64>,
     /// How often retention is applied (default 10s).
     #[arg(long, env = "CHANGEHUB_TRIM_INTERVAL", value_parser = parse_duration, hide = true)]
     pub trim_interval: Option<Duration>,
@@ -173,6 +177,7 @@ struct FileConfig {
     retain_changes: Option<u64>,
     #[serde(default, with = "humantime_serde_opt")]
     retain_for: Option<Duration>,
+    archive_every: Option<u64>,
     ws_max_connections_per_ip: Option<usize>,
     ws_max_subscriptions: Option<usize>,
     ws_queue: Option<usize>,
@@ -190,6 +195,7 @@ struct FileChannel {
     retain_changes: Option<u64>,
     #[serde(default, with = "humantime_serde_opt")]
     retain_for: Option<Duration>,
+    archive_every: Option<u64>,
 }
 
 mod humantime_serde_opt {
@@ -363,10 +369,24 @@ impl ServeArgs {
                 .or(file.retain_changes)
                 .unwrap_or(DEFAULT_RETENTION.max_changes),
             max_age: self.retain_for.or(file.retain_for),
+            list_size: self
+                .archive_every
+                .or(file.archive_every)
+                .unwrap_or(DEFAULT_RETENTION.list_size),
         };
         if retention.max_changes == 0 {
             return Err(invalid("--retain-changes must be at least 1".into()));
         }
+        let list_size = |n: u64, what: &str| {
+            if (1..=MAX_LIST_SIZE).contains(&n) {
+                Ok(n)
+            } else {
+                Err(invalid(format!(
+                    "{what} must be between 1 and {MAX_LIST_SIZE} (changes per closed Change List)"
+                )))
+            }
+        };
+        list_size(retention.list_size, "--archive-every")?;
 
         let mut channels = BTreeMap::new();
         for (name, ch) in file.channels {
@@ -377,6 +397,10 @@ impl ServeArgs {
                 retention: Retention {
                     max_changes: ch.retain_changes.unwrap_or(retention.max_changes),
                     max_age: ch.retain_for.or(retention.max_age),
+                    list_size: list_size(
+                        ch.archive_every.unwrap_or(retention.list_size),
+                        &format!("archive_every of channel {name:?}"),
+                    )?,
                 },
             };
             channels.insert(name, config);

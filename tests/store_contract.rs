@@ -209,6 +209,7 @@ pub async fn idempotency_keys_replay_and_conflict(e: &dyn Engine) {
     let retention = Retention {
         max_changes: 1_000,
         max_age: None,
+        list_size: 1,
     };
     s.trim("c", retention, later).await.unwrap();
     let fresh = s
@@ -232,6 +233,7 @@ pub async fn retention_trims_by_count_and_age(e: &dyn Engine) {
     let by_count = Retention {
         max_changes: 6,
         max_age: None,
+        list_size: 1,
     };
     assert_eq!(s.trim("c", by_count, now).await.unwrap(), 3);
     assert_eq!(
@@ -243,6 +245,7 @@ pub async fn retention_trims_by_count_and_age(e: &dyn Engine) {
     let by_age = Retention {
         max_changes: 100,
         max_age: Some(Duration::from_secs(3 * 86_400)),
+        list_size: 1,
     };
     assert_eq!(s.trim("c", by_age, now).await.unwrap(), 3);
     assert_eq!(
@@ -578,6 +581,37 @@ pub async fn channel_start_is_recorded_once(e: &dyn Engine) {
     assert_eq!(e.open().channel_created("c", later).await.unwrap(), first);
 }
 
+pub async fn retention_drops_only_whole_closed_lists(e: &dyn Engine) {
+    let s = e.open();
+    let now = at("2024-01-01T00:00:00Z");
+    s.append("c", changes("r", 23), None, now).await.unwrap();
+    let retention = Retention {
+        max_changes: 6,
+        max_age: None,
+        list_size: 5,
+    };
+    // Keeping 6 would start at 18, inside the closed list 16..=20: the whole list stays.
+    assert_eq!(s.trim("c", retention, now).await.unwrap(), 15);
+    assert_eq!(
+        s.head("c").await.unwrap(),
+        ChannelHead {
+            oldest: 16,
+            last: 23
+        }
+    );
+    // By age: everything is older than a day, but the newest change always stays, and with it
+    // the open list 21..=23.
+    let by_age = Retention {
+        max_changes: 100,
+        max_age: Some(Duration::from_secs(86_400)),
+        list_size: 5,
+    };
+    let later = at("2024-01-03T00:00:00Z");
+    assert_eq!(s.trim("c", by_age, later).await.unwrap(), 5);
+    assert_eq!(s.head("c").await.unwrap().oldest, 21);
+    assert_eq!(s.read("c", 0, 100).await.unwrap()[0].seq, 21);
+}
+
 pub async fn retention_never_trims_the_index(e: &dyn Engine) {
     let s = e.open();
     let now = at("2024-01-01T00:00:00Z");
@@ -585,6 +619,7 @@ pub async fn retention_never_trims_the_index(e: &dyn Engine) {
     let retention = Retention {
         max_changes: 2,
         max_age: None,
+        list_size: 1,
     };
     s.trim("c", retention, now).await.unwrap();
     assert_eq!(s.head("c").await.unwrap().oldest, 19);
@@ -653,6 +688,7 @@ macro_rules! contract_tests {
                 resource_index_keeps_the_latest_change_of_each_loc,
                 resource_pages_lose_nothing_while_resources_change,
                 retention_never_trims_the_index,
+                retention_drops_only_whole_closed_lists,
                 channel_start_is_recorded_once,
                 resource_marks_cut_the_index_into_pages,
                 index_matches_the_log_after_concurrent_appends,

@@ -420,6 +420,7 @@ async fn ws_frames_match_the_schemas() {
         c.live.max_subscriptions = 2;
         let news = c.channels.get_mut(CHANNEL).unwrap();
         news.retention.max_changes = 10;
+        news.retention.list_size = 1;
         let mut secret = news.clone();
         secret.name = "secret".into();
         secret.read_token = Some("reader".into());

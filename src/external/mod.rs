@@ -54,6 +54,7 @@ mod seen;
 mod topic;
 
 pub use fetch::{fetch, Fetched, MAX_FETCH_BYTES, MAX_INDEX_LISTS};
+pub use record::LISTS;
 pub use topic::{Content, ContentRetry, FetchStatus, Kind, Topic};
 
 /// Prefix of internal channel names of external topics (not a valid `--channel` name).

@@ -5,12 +5,18 @@ use time::OffsetDateTime;
 
 use super::topic::Topic;
 use super::External;
-use crate::model::{NewChange, Retention};
+use crate::model::{Lists, NewChange, Retention};
 use crate::store::StoreError;
+
+/// How an external topic's log is cut into Change Lists.
+pub const LISTS: Lists = Lists {
+    size: RETENTION.list_size,
+};
 
 /// Retention of an external topic's log.
 const RETENTION: Retention = Retention {
     max_changes: 1_000_000,
+    list_size: crate::model::DEFAULT_LIST_SIZE,
     max_age: None,
 };
 

@@ -1,5 +1,6 @@
 //! The catch-up and discovery documents: `changelist.xml` (with `Link` rel=hub/self, `ETag`,
-//! 304 on `If-None-Match`), `changes?after=SEQ&limit=N` (410 with the oldest retained seq),
+//! 304 on `If-None-Match`), the closed lists `changelist/FIRST-LAST.xml` (immutable) and
+//! `changelist-archive.xml`, `changes?after=SEQ&limit=N` (410 with the oldest retained seq),
 //! `capabilitylist.xml` and `/.well-known/resourcesync`. Rendering is [`crate::catchup`]'s.
 //!
 //! Channels are hosted ones or the internal channels of external topics (whose `Link`
@@ -13,29 +14,60 @@ use serde::Deserialize;
 use super::{read_token, ApiError, AppState};
 use crate::auth;
 use crate::catchup::{self, CatchupError, DEFAULT_PAGE, MAX_LIST};
+use crate::external;
+use crate::model::Lists;
 use crate::net;
 
 /// The topic URL of channel `name` — a hosted channel, or the internal channel of an external
-/// topic — when the request may read it (private channels need their read token).
+/// topic — and how its log is cut into Change Lists, when the request may read it (private
+/// channels need their read token).
 fn readable(
     state: &AppState,
     name: &str,
     headers: &HeaderMap,
     token: Option<&str>,
-) -> Result<String, ApiError> {
+) -> Result<(String, Lists), ApiError> {
     if let Some(channel) = state.config.channels.get(name) {
         if !auth::can_read(channel, read_token(headers, token)) {
             return Err(ApiError::unauthorized(
                 "this channel is private: give its read token",
             ));
         }
-        return Ok(state.config.urls.topic(name));
+        let lists = Lists {
+            size: channel.retention.list_size,
+        };
+        return Ok((state.config.urls.topic(name), lists));
     }
     state
         .external
         .by_channel(name)
-        .map(|t| t.url.clone())
+        .map(|t| (t.url.clone(), external::LISTS))
         .ok_or_else(|| ApiError::not_found(format!("no channel {name:?}")))
+}
+
+impl From<CatchupError> for ApiError {
+    fn from(e: CatchupError) -> ApiError {
+        match e {
+            e @ CatchupError::Gone { oldest, .. } => ApiError {
+                oldest: Some(oldest),
+                ..ApiError::new(StatusCode::GONE, e.to_string())
+            },
+            CatchupError::BadPage(reason) => ApiError::bad_request(reason),
+            CatchupError::NotFound(reason) => ApiError::not_found(reason),
+            CatchupError::Store(e) => ApiError::from(e),
+        }
+    }
+}
+
+/// True when `If-None-Match` names `etag`.
+fn matches(headers: &HeaderMap, etag: &str) -> bool {
+    headers
+        .get(http::header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.split(',')
+                .any(|t| t.trim().trim_start_matches("W/") == etag)
+        })
 }
 
 fn xml(body: Vec<u8>) -> Response {
@@ -67,23 +99,84 @@ pub async fn changelist(
     Query(q): Query<TokenQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let topic = readable(&state, &name, &headers, q.token.as_deref())?;
-    let etag = catchup::etag(state.store.as_ref(), &name).await?;
-    let unchanged = headers
-        .get(http::header::IF_NONE_MATCH)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| {
-            v.split(',')
-                .any(|t| t.trim().trim_start_matches("W/") == etag)
-        });
-    let mut response = if unchanged {
+    let (topic, lists) = readable(&state, &name, &headers, q.token.as_deref())?;
+    let etag = catchup::etag(state.store.as_ref(), &name, lists).await?;
+    let mut response = if matches(&headers, &etag) {
         StatusCode::NOT_MODIFIED.into_response()
     } else {
-        xml(catchup::changelist(state.store.as_ref(), &state.config.urls, &name).await?)
+        let body =
+            catchup::changelist(state.store.as_ref(), &state.config.urls, &name, lists).await?;
+        xml(body)
     };
     let links = net::hub_links(&state.config.urls.hub(), &topic);
     set_header(&mut response, http::header::LINK, &links);
     set_header(&mut response, http::header::ETAG, &etag);
+    set_header(&mut response, http::header::CACHE_CONTROL, "no-cache");
+    Ok(response)
+}
+
+/// `GET /channels/{name}/changelist/{FIRST}-{LAST}.xml`: a closed Change List. Immutable:
+/// `Cache-Control: immutable`, an `ETag`, 304 on `If-None-Match`.
+pub async fn closed_list(
+    State(state): State<AppState>,
+    Path((name, range)): Path<(String, String)>,
+    Query(q): Query<TokenQuery>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    readable(&state, &name, &headers, q.token.as_deref())?;
+    let (first, last) = range
+        .strip_suffix(".xml")
+        .and_then(|r| r.split_once('-'))
+        .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)))
+        .ok_or_else(|| {
+            ApiError::not_found(format!(
+                "{range:?} is not a closed Change List: they are named FIRST-LAST.xml"
+            ))
+        })?;
+    let etag = format!("\"{first}-{last}\"");
+    let body =
+        catchup::closed_list(state.store.as_ref(), &state.config.urls, &name, first, last).await?;
+    let mut response = if matches(&headers, &etag) {
+        StatusCode::NOT_MODIFIED.into_response()
+    } else {
+        xml(body)
+    };
+    set_header(&mut response, http::header::ETAG, &etag);
+    set_header(
+        &mut response,
+        http::header::CACHE_CONTROL,
+        "public, max-age=31536000, immutable",
+    );
+    Ok(response)
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ArchiveQuery {
+    page: Option<String>,
+    token: Option<String>,
+}
+
+/// `GET /channels/{name}/changelist-archive.xml[?page=P]`: the Change List Archive, or (when
+/// it has many lists) its index and the index's pages.
+pub async fn archive(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    Query(q): Query<ArchiveQuery>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let (_, lists) = readable(&state, &name, &headers, q.token.as_deref())?;
+    let page = match q.page.as_deref() {
+        None => None,
+        Some(p) => Some(
+            p.parse::<u64>()
+                .ok()
+                .filter(|&p| p >= 1)
+                .ok_or_else(|| ApiError::bad_request("page must be a number from 1"))?,
+        ),
+    };
+    let body =
+        catchup::archive(state.store.as_ref(), &state.config.urls, &name, lists, page).await?;
+    let mut response = xml(body);
     set_header(&mut response, http::header::CACHE_CONTROL, "no-cache");
     Ok(response)
 }
@@ -102,7 +195,7 @@ pub async fn changes_after(
     Query(q): Query<AfterQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let topic = readable(&state, &name, &headers, q.token.as_deref())?;
+    let (topic, _) = readable(&state, &name, &headers, q.token.as_deref())?;
     let after = match q.after.as_deref() {
         None => 0,
         Some(s) => s
@@ -127,15 +220,7 @@ pub async fn changes_after(
         after,
         limit,
     )
-    .await
-    .map_err(|e| match e {
-        e @ CatchupError::Gone { oldest, .. } => ApiError {
-            oldest: Some(oldest),
-            ..ApiError::new(StatusCode::GONE, e.to_string())
-        },
-        e @ CatchupError::BadPage(_) => ApiError::bad_request(e.to_string()),
-        CatchupError::Store(e) => ApiError::from(e),
-    })?;
+    .await?;
     let mut links = net::hub_links(&state.config.urls.hub(), &topic);
     if let Some(next) = &page.next {
         links.push_str(&format!(", <{next}>; rel=\"next\""));
@@ -177,14 +262,7 @@ pub async fn resource_list(
     let snapshot = match (after, upto) {
         (None, None) => catchup::resource_list(store, urls, &name).await?,
         (None, Some(_)) => return Err(ApiError::bad_request("upto needs after")),
-        (Some(after), upto) => catchup::resource_list_page(store, urls, &name, after, upto)
-            .await
-            .map_err(|e| match e {
-                e @ (CatchupError::BadPage(_) | CatchupError::Gone { .. }) => {
-                    ApiError::bad_request(e.to_string())
-                }
-                CatchupError::Store(e) => ApiError::from(e),
-            })?,
+        (Some(after), upto) => catchup::resource_list_page(store, urls, &name, after, upto).await?,
     };
     let mut response = xml(snapshot.body);
     set_header(

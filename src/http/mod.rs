@@ -65,6 +65,14 @@ pub fn router(state: AppState) -> Router {
     let documents = Router::new()
         .route("/channels/{name}/changelist.xml", get(catchup::changelist))
         .route(
+            "/channels/{name}/changelist-archive.xml",
+            get(catchup::archive),
+        )
+        .route(
+            "/channels/{name}/changelist/{range}",
+            get(catchup::closed_list),
+        )
+        .route(
             "/channels/{name}/changes",
             get(catchup::changes_after).post(ingest::post_changes),
         )

@@ -64,6 +64,30 @@ impl Urls {
         url.into()
     }
 
+    /// The Change List Archive of `channel` (an archive index when it has many lists).
+    pub fn archive(&self, channel: &str) -> String {
+        self.at(&["channels", channel, "changelist-archive.xml"])
+            .into()
+    }
+
+    /// Page `page` (from 1) of the Change List Archive Index of `channel`.
+    pub fn archive_page(&self, channel: &str, page: u64) -> String {
+        let mut url = self.at(&["channels", channel, "changelist-archive.xml"]);
+        url.query_pairs_mut().append_pair("page", &page.to_string());
+        url.into()
+    }
+
+    /// The closed Change List of `channel` that holds the seqs `first..=last`.
+    pub fn closed_list(&self, channel: &str, first: u64, last: u64) -> String {
+        self.at(&[
+            "channels",
+            channel,
+            "changelist",
+            &format!("{first}-{last}.xml"),
+        ])
+        .into()
+    }
+
     /// The Resource List of `channel` (a Resource List Index when it has many resources).
     pub fn resource_list(&self, channel: &str) -> String {
         self.at(&["channels", channel, "resourcelist.xml"]).into()

@@ -1,12 +1,14 @@
 //! ResourceSync documents: the model, a fast writer and a hardened parser. No HTTP here.
 //!
-//! The hub speaks four ResourceSync documents (ANSI/NISO Z39.99-2014, with the `datetime`
-//! attribute of the 1.1 revision):
+//! The hub speaks these ResourceSync documents (ANSI/NISO Z39.99-2014, with the `datetime`
+//! attribute of the 1.1 revision, and the ResourceSync Archives specification):
 //!
 //! | document | root | top-level `<rs:md capability=…>` | writer | parsed as |
 //! |---|---|---|---|---|
 //! | Change List (and every notification) | `<urlset>` | `changelist` | [`write_change_list`] | [`Document::ChangeList`] |
-//! | Change List Index (the archive) | `<sitemapindex>` | `changelist` | [`write_change_list_index`] | [`Document::ChangeListIndex`] |
+//! | Change List Index (of an external source) | `<sitemapindex>` | `changelist` | [`write_change_list_index`] | [`Document::ChangeListIndex`] |
+//! | Change List Archive (and its index) | `<urlset>` (`<sitemapindex>`) | `changelist-archive` | [`write_change_list_archive`] ([`write_change_list_archive_index`]) | — |
+//! | Resource List (and its index) | `<urlset>` (`<sitemapindex>`) | `resourcelist` | [`write_resource_list`] ([`write_resource_list_index`]) | — |
 //! | Capability List | `<urlset>` | `capabilitylist` | [`write_capability_list`] | [`Document::CapabilityList`] |
 //! | Source Description | `<urlset>` | `description` | [`write_source_description`] | [`Document::SourceDescription`] |
 //!
@@ -55,7 +57,8 @@ mod tests;
 
 pub use parse::{parse_change_list, parse_document};
 pub use write::{
-    write_capability_list, write_change_list, write_change_list_index, write_resource_list,
+    write_capability_list, write_change_list, write_change_list_archive,
+    write_change_list_archive_index, write_change_list_index, write_resource_list,
     write_resource_list_index, write_source_description,
 };
 

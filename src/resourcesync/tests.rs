@@ -76,10 +76,16 @@ fn changelist_model() -> (ChangeListHeader, Vec<Change>) {
     let header = ChangeListHeader {
         from: Some(dt("2013-01-03T11:00:00Z")),
         until: None,
-        links: vec![DocLink::new(
-            "up",
-            "http://hub.example.com/channels/dataset1/capabilitylist.xml",
-        )],
+        links: vec![
+            DocLink::new(
+                "up",
+                "http://hub.example.com/channels/dataset1/capabilitylist.xml",
+            ),
+            DocLink::new(
+                "archives",
+                "http://hub.example.com/channels/dataset1/changelist-archive.xml",
+            ),
+        ],
         seq_range: Some((1, 4)),
     };
     let changes = vec![
@@ -144,10 +150,16 @@ fn notification_model() -> (ChangeListHeader, Vec<Change>) {
     let header = ChangeListHeader {
         from: Some(dt("2024-05-01T10:15:00Z")),
         until: Some(dt("2024-05-01T10:15:02.25Z")),
-        links: vec![DocLink::new(
-            "up",
-            "http://hub.example.com/channels/dataset1/capabilitylist.xml",
-        )],
+        links: vec![
+            DocLink::new(
+                "up",
+                "http://hub.example.com/channels/dataset1/capabilitylist.xml",
+            ),
+            DocLink::new(
+                "archives",
+                "http://hub.example.com/channels/dataset1/changelist-archive.xml",
+            ),
+        ],
         seq_range: Some((41, 43)),
     };
     let changes = vec![
@@ -229,6 +241,10 @@ fn capabilitylist_model() -> (Vec<DocLink>, Vec<Capability>) {
             Capability {
                 loc: "http://hub.example.com/channels/dataset1/changelist.xml".into(),
                 capability: "changelist".into(),
+            },
+            Capability {
+                loc: "http://hub.example.com/channels/dataset1/changelist-archive.xml".into(),
+                capability: "changelist-archive".into(),
             },
             Capability {
                 loc: "http://hub.example.com/channels/dataset1/resourcelist.xml".into(),
@@ -401,6 +417,7 @@ fn round_trip_every_example() {
     for file in [
         "changelist.xml",
         "notification.xml",
+        "changelist-closed.xml",
         "changelist-index.xml",
         "capabilitylist.xml",
         "source-description.xml",

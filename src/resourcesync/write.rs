@@ -48,14 +48,58 @@ pub fn write_change_list(header: &ChangeListHeader, changes: &[Change]) -> Vec<u
 /// [until=..]>`), each `<sitemap>` with `<loc>` and `<rs:md from=.. [until=..]>` (the `rs:md`
 /// is left out when an entry has neither).
 pub fn write_change_list_index(header: &ChangeListHeader, entries: &[IndexEntry]) -> Vec<u8> {
+    let from = header.from.or_else(|| entries.first().and_then(|e| e.from));
+    write_lists(
+        ("sitemapindex", "sitemap"),
+        "changelist",
+        from,
+        header,
+        entries,
+    )
+}
+
+/// Renders a Change List Archive: `<urlset>`, `<rs:md capability="changelist-archive">`
+/// (`from`/`until` only when the header has them), then one `<url>` per closed Change List
+/// with `<loc>` and `<rs:md from=.. until=..>`, in the order given (chronological).
+pub fn write_change_list_archive(header: &ChangeListHeader, lists: &[IndexEntry]) -> Vec<u8> {
+    write_lists(
+        ("urlset", "url"),
+        "changelist-archive",
+        header.from,
+        header,
+        lists,
+    )
+}
+
+/// Renders a Change List Archive Index: the same as [`write_change_list_archive`] with a
+/// `<sitemapindex>` root and one `<sitemap>` per archive page.
+pub fn write_change_list_archive_index(header: &ChangeListHeader, pages: &[IndexEntry]) -> Vec<u8> {
+    write_lists(
+        ("sitemapindex", "sitemap"),
+        "changelist-archive",
+        header.from,
+        header,
+        pages,
+    )
+}
+
+/// A document that lists other documents with the interval each covers.
+fn write_lists(
+    (root, item): (&str, &str),
+    capability: &str,
+    from: Option<OffsetDateTime>,
+    header: &ChangeListHeader,
+    entries: &[IndexEntry],
+) -> Vec<u8> {
     let estimate: usize = entries.iter().map(|e| 160 + e.loc.len()).sum();
     let mut out = Out::with_capacity(512 + header_size(header) + estimate);
-    out.open_root("sitemapindex", true);
-    let from = header.from.or_else(|| entries.first().and_then(|e| e.from));
-    out.header_md("changelist", from, header);
+    out.open_root(root, true);
+    out.header_md(capability, from, header);
     out.doc_links(&header.links);
     for entry in entries {
-        out.raw("  <sitemap>\n    <loc>");
+        out.raw("  <");
+        out.raw(item);
+        out.raw(">\n    <loc>");
         out.text(&entry.loc);
         out.raw("</loc>\n");
         if entry.from.is_some() || entry.until.is_some() {
@@ -64,9 +108,13 @@ pub fn write_change_list_index(header: &ChangeListHeader, entries: &[IndexEntry]
             out.opt_datetime_attr("until", entry.until);
             out.raw("/>\n");
         }
-        out.raw("  </sitemap>\n");
+        out.raw("  </");
+        out.raw(item);
+        out.raw(">\n");
     }
-    out.raw("</sitemapindex>\n");
+    out.raw("</");
+    out.raw(root);
+    out.raw(">\n");
     out.buf
 }
 

@@ -425,6 +425,7 @@ async fn bad_hub_requests_are_refused_and_subscribe_nothing() {
         "limit=0",
         "limit=50001",
         "limit=many",
+        "after=1000000",
     ] {
         let resp = hub
             .client

@@ -123,7 +123,9 @@ async fn changelist_has_hub_links_etag_and_gzip() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cursor_older_than_retention_is_gone() {
     let hub = TestHub::start(|c| {
-        c.channels.get_mut(CHANNEL).unwrap().retention.max_changes = 10;
+        let retention = &mut c.channels.get_mut(CHANNEL).unwrap().retention;
+        retention.max_changes = 10;
+        retention.list_size = 1;
         c.trim_interval = Duration::from_millis(20);
     })
     .await;

@@ -12,9 +12,12 @@
 //! | `capabilitylist.xml` | `GET /channels/dataset1/capabilitylist.xml` |
 //! | `source-description.xml` | `GET /.well-known/resourcesync` (channels `dataset1`, `photos`) |
 //! | `notification.xml` | the body of the notification POSTed to a WebSub subscriber |
+//! | `changelist-archive.xml` | `GET /channels/dataset1/changelist-archive.xml`, lists closed every 2 changes |
+//! | `changelist-closed.xml` | `GET /channels/dataset1/changelist/1-2.xml`, the first closed list |
 //!
-//! `changelist-index.xml` is not here: the hub serves no Change List Index (yet), so that file
-//! is only a golden file of the writer and the parser (`src/resourcesync/tests.rs`).
+//! `changelist-index.xml` is not here: the hub serves no Change List Index (its archive is a
+//! `changelist-archive`), so that file is only a golden file of the writer and the parser
+//! (`src/resourcesync/tests.rs`).
 
 use crate::common::*;
 use reqwest::StatusCode;
@@ -300,4 +303,21 @@ async fn golden_notification_sent_by_the_hub() {
     assert_eq!(delivered.len(), 1, "one notification for one request");
     assert_eq!(delivered[0].seqs(), vec![41, 42, 43]);
     assert_golden(&delivered[0].body, "notification.xml", &hub.url);
+}
+
+/// The Change List Archive and a closed Change List, with the open list closed every 2 changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn golden_archive_served_by_the_hub() {
+    let hub = TestHub::start(|c| {
+        c.channels.remove(CHANNEL);
+        *c = c.clone().with_channel(DATASET1, DATASET1_TOKEN);
+        c.channels.get_mut(DATASET1).unwrap().retention.list_size = 2;
+    })
+    .await;
+    push(&hub, DATASET1, DATASET1_TOKEN, changelist_changes(), (1, 4)).await;
+
+    let archive = get(&hub, "/channels/dataset1/changelist-archive.xml").await;
+    assert_golden(&archive, "changelist-archive.xml", &hub.url);
+    let closed = get(&hub, "/channels/dataset1/changelist/1-2.xml").await;
+    assert_golden(&closed, "changelist-closed.xml", &hub.url);
 }

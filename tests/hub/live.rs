@@ -112,7 +112,9 @@ async fn reconnect_with_cursor_continues_exactly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cursor_older_than_retention_gets_reset() {
     let hub = TestHub::start(|c| {
-        c.channels.get_mut(CHANNEL).unwrap().retention.max_changes = 10;
+        let retention = &mut c.channels.get_mut(CHANNEL).unwrap().retention;
+        retention.max_changes = 10;
+        retention.list_size = 1;
         c.trim_interval = Duration::from_millis(20);
     })
     .await;
@@ -200,6 +202,7 @@ fn add_channel(c: &mut changehub::config::Config, name: &str, token: &str, reade
             retention: changehub::model::Retention {
                 max_changes: 1000,
                 max_age: None,
+                list_size: 1,
             },
         },
     );

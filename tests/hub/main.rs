@@ -5,6 +5,7 @@ mod common;
 #[path = "../common/redis_server.rs"]
 mod redis_server;
 
+mod archive;
 mod bad_input;
 mod catchup;
 mod cluster;

@@ -483,6 +483,7 @@ impl Store for EmbeddedStore {
                         new_oldest = k.value().1 + 1;
                     }
                 }
+                let new_oldest = retention.cut(new_oldest).max(meta.oldest);
                 removed = new_oldest - meta.oldest;
                 for seq in meta.oldest..new_oldest {
                     log.remove((channel.as_str(), seq)).map_err(unavailable)?;

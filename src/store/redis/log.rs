@@ -295,6 +295,7 @@ pub(super) async fn trim(
             }
         }
     }
+    let wanted = retention.cut(wanted).max(head.oldest);
     let forget_before = (now - IDEMPOTENCY_TTL).unix_timestamp();
     let mut conn = store.conn();
     let removed: u64 = timed(
