@@ -97,7 +97,7 @@ async fn push_many(hub: &TestHub, n: usize) {
     for round in 0..n / 5_000 {
         hub.push(&format!("r{round}"), 5_000).await;
     }
-    if n % 5_000 > 0 {
+    if !n.is_multiple_of(5_000) {
         hub.push("rest", n % 5_000).await;
     }
 }
