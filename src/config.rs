@@ -614,7 +614,7 @@ mod tests {
         let path = dir.path().join("hub.toml");
         std::fs::write(
             &path,
-            "max_batch = 50\nlinger = \"20ms\"\n[channels.news]\ntoken = \"t1\"\nretain_changes = 10\n",
+            "max_batch = 50\nlinger = \"20ms\"\n[channels.news]\ntoken = \"t1\"\nretain_changes = 10\narchive_every = 500\n",
         )
         .unwrap();
         let config = ServeArgs {
@@ -628,7 +628,9 @@ mod tests {
         assert_eq!(config.max_batch, 7);
         assert_eq!(config.linger, Duration::from_millis(20));
         assert_eq!(config.channels["news"].retention.max_changes, 10);
+        assert_eq!(config.channels["news"].retention.list_size, 500);
         assert_eq!(config.channels["other"].token, "t2");
+        assert_eq!(config.channels["other"].retention.list_size, 10_000);
         assert_eq!(config.urls.public(), "http://127.0.0.1:8080");
         assert_eq!(
             config
@@ -664,6 +666,16 @@ mod tests {
             ..ServeArgs::default()
         };
         assert!(no_token.resolve().is_err());
+        for every in [0, 50_001] {
+            let err = ServeArgs {
+                archive_every: Some(every),
+                ..ServeArgs::default()
+            }
+            .resolve()
+            .unwrap_err()
+            .to_string();
+            assert!(err.contains("--archive-every"), "{err}");
+        }
         let redis = |url: &str| ServeArgs {
             redis: Some(url.into()),
             ..ServeArgs::default()
