@@ -122,6 +122,7 @@ fn change(i: usize) -> NewChange {
         length: Some(1234),
         media_type: None,
         links: vec![],
+        source: None,
     }
 }
 

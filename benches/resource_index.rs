@@ -44,6 +44,7 @@ fn change(loc: usize) -> NewChange {
         length: Some(1234),
         media_type: Some("text/plain".into()),
         links: vec![],
+        source: None,
     }
 }
 

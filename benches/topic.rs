@@ -40,6 +40,7 @@ fn change(i: usize) -> NewChange {
         length: Some(1234),
         media_type: Some("text/plain".into()),
         links: vec![],
+        source: None,
     }
 }
 

@@ -53,6 +53,22 @@ pub fn check_bearer(headers: &HeaderMap, expected: &str) -> Result<(), AuthError
     }
 }
 
+/// The name of the publisher of `channel` whose token the request's bearer token is. Every
+/// token is compared, in constant time each.
+pub fn check_publisher<'a>(
+    headers: &HeaderMap,
+    channel: &'a ChannelConfig,
+) -> Result<&'a str, AuthError> {
+    let token = bearer(headers)?.ok_or(AuthError::Missing)?;
+    let mut found = None;
+    for p in &channel.publishers {
+        if same_secret(token.as_bytes(), p.token.as_bytes()) {
+            found = Some(p.name.as_str());
+        }
+    }
+    found.ok_or(AuthError::Wrong)
+}
+
 /// True when `token` may read `channel` (public channels need none; private ones their read
 /// token).
 pub fn can_read(channel: &ChannelConfig, token: Option<&str>) -> bool {

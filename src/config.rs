@@ -53,9 +53,18 @@ pub struct ServeArgs {
     /// store; several instances on one Redis (or cluster) act as one hub.
     #[arg(long, env = "CHANGEHUB_REDIS")]
     pub redis: Option<String>,
-    /// Declare a channel and its publisher token: `NAME=TOKEN` (repeatable).
+    /// Declare a channel and its publisher token: `NAME=TOKEN` (repeatable). That publisher
+    /// is named "default".
     #[arg(long = "channel", env = "CHANGEHUB_CHANNELS", value_delimiter = ',')]
     pub channels: Vec<String>,
+    /// Add a named publisher to a channel: `CHANNEL:PUBLISHER=TOKEN` (repeatable; declares
+    /// the channel when new). Its name is recorded as the source of every change it pushes.
+    #[arg(
+        long = "publisher",
+        env = "CHANGEHUB_PUBLISHERS",
+        value_delimiter = ','
+    )]
+    pub publishers: Vec<String>,
     /// Bearer token for the admin API.
     #[arg(long, env = "CHANGEHUB_ADMIN_TOKEN")]
     pub admin_token: Option<String>,
@@ -190,7 +199,11 @@ struct FileConfig {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FileChannel {
-    token: String,
+    /// The token of the publisher named "default".
+    token: Option<String>,
+    /// More publishers: name → token.
+    #[serde(default)]
+    publishers: BTreeMap<String, String>,
     read_token: Option<String>,
     retain_changes: Option<u64>,
     #[serde(default, with = "humantime_serde_opt")]
@@ -219,11 +232,57 @@ pub enum StoreConfig {
 #[derive(Debug, Clone)]
 pub struct ChannelConfig {
     pub name: String,
-    /// The publisher's token (ingest).
-    pub token: String,
+    /// Who may push changes (ingest), each with a name and a token; the name is recorded as
+    /// the source of every change it sends.
+    pub publishers: Vec<Publisher>,
     /// When set, the channel is private: reads (websocket, SSE, catch-up) need this token.
     pub read_token: Option<String>,
     pub retention: Retention,
+}
+
+/// A publisher of a channel: its name (`[a-z0-9][a-z0-9._-]{0,63}`) and its bearer token.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Publisher {
+    pub name: String,
+    pub token: String,
+}
+
+impl std::fmt::Debug for Publisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Publisher")
+            .field("name", &self.name)
+            .field("token", &"…")
+            .finish()
+    }
+}
+
+/// The name of the publisher that `--channel NAME=TOKEN` (or `token` in the file) declares.
+pub const DEFAULT_PUBLISHER: &str = "default";
+
+impl ChannelConfig {
+    /// The channel's only publisher, named [`DEFAULT_PUBLISHER`].
+    pub fn new(name: &str, token: &str) -> ChannelConfig {
+        ChannelConfig {
+            name: name.to_string(),
+            publishers: vec![Publisher {
+                name: DEFAULT_PUBLISHER.into(),
+                token: token.to_string(),
+            }],
+            read_token: None,
+            retention: DEFAULT_RETENTION,
+        }
+    }
+
+    /// Sets the token of publisher `name`, adding it when new.
+    pub fn set_publisher(&mut self, name: &str, token: &str) {
+        match self.publishers.iter_mut().find(|p| p.name == name) {
+            Some(p) => p.token = token.to_string(),
+            None => self.publishers.push(Publisher {
+                name: name.to_string(),
+                token: token.to_string(),
+            }),
+        }
+    }
 }
 
 /// Limits of the websocket endpoint.
@@ -282,15 +341,8 @@ impl Config {
 
     /// Declares a channel with the default retention.
     pub fn with_channel(mut self, name: &str, token: &str) -> Config {
-        self.channels.insert(
-            name.to_string(),
-            ChannelConfig {
-                name: name.to_string(),
-                token: token.to_string(),
-                read_token: None,
-                retention: DEFAULT_RETENTION,
-            },
-        );
+        self.channels
+            .insert(name.to_string(), ChannelConfig::new(name, token));
         self
     }
 
@@ -390,9 +442,22 @@ impl ServeArgs {
 
         let mut channels = BTreeMap::new();
         for (name, ch) in file.channels {
+            let mut publishers = Vec::new();
+            if let Some(token) = ch.token {
+                publishers.push(Publisher {
+                    name: DEFAULT_PUBLISHER.into(),
+                    token,
+                });
+            }
+            for (publisher, token) in ch.publishers {
+                publishers.push(Publisher {
+                    name: publisher,
+                    token,
+                });
+            }
             let config = ChannelConfig {
                 name: name.clone(),
-                token: ch.token,
+                publishers,
                 read_token: ch.read_token,
                 retention: Retention {
                     max_changes: ch.retain_changes.unwrap_or(retention.max_changes),
@@ -412,12 +477,29 @@ impl ServeArgs {
             let entry = channels
                 .entry(name.to_string())
                 .or_insert_with(|| ChannelConfig {
-                    name: name.to_string(),
-                    token: String::new(),
-                    read_token: None,
                     retention,
+                    publishers: Vec::new(),
+                    ..ChannelConfig::new(name, "")
                 });
-            entry.token = token.to_string();
+            entry.set_publisher(DEFAULT_PUBLISHER, token);
+        }
+        for spec in self.publishers {
+            let ((name, publisher), token) = spec
+                .split_once('=')
+                .and_then(|(who, token)| Some((who.split_once(':')?, token)))
+                .ok_or_else(|| {
+                    invalid(format!(
+                        "--publisher {spec:?}: expected CHANNEL:PUBLISHER=TOKEN"
+                    ))
+                })?;
+            let entry = channels
+                .entry(name.to_string())
+                .or_insert_with(|| ChannelConfig {
+                    retention,
+                    publishers: Vec::new(),
+                    ..ChannelConfig::new(name, "")
+                });
+            entry.set_publisher(publisher, token);
         }
         for spec in self.read_tokens {
             let (name, token) = spec
@@ -437,8 +519,31 @@ impl ServeArgs {
                     ch.name
                 )));
             }
-            if ch.token.is_empty() {
-                return Err(invalid(format!("channel {:?} has an empty token", ch.name)));
+            if ch.publishers.is_empty() {
+                return Err(invalid(format!(
+                    "channel {:?} has no publisher: give it a token",
+                    ch.name
+                )));
+            }
+            for (i, p) in ch.publishers.iter().enumerate() {
+                if !valid_channel_name(&p.name) {
+                    return Err(invalid(format!(
+                        "publisher name {:?} of channel {:?} must match [a-z0-9][a-z0-9._-]{{0,63}}",
+                        p.name, ch.name
+                    )));
+                }
+                if p.token.is_empty() {
+                    return Err(invalid(format!(
+                        "publisher {:?} of channel {:?} has an empty token",
+                        p.name, ch.name
+                    )));
+                }
+                if ch.publishers[..i].iter().any(|q| q.token == p.token) {
+                    return Err(invalid(format!(
+                        "publishers of channel {:?} share a token: each needs its own",
+                        ch.name
+                    )));
+                }
             }
         }
 
@@ -629,7 +734,13 @@ mod tests {
         assert_eq!(config.linger, Duration::from_millis(20));
         assert_eq!(config.channels["news"].retention.max_changes, 10);
         assert_eq!(config.channels["news"].retention.list_size, 500);
-        assert_eq!(config.channels["other"].token, "t2");
+        assert_eq!(
+            config.channels["other"].publishers,
+            vec![Publisher {
+                name: "default".into(),
+                token: "t2".into()
+            }]
+        );
         assert_eq!(config.channels["other"].retention.list_size, 10_000);
         assert_eq!(config.urls.public(), "http://127.0.0.1:8080");
         assert_eq!(
@@ -666,6 +777,32 @@ mod tests {
             ..ServeArgs::default()
         };
         assert!(no_token.resolve().is_err());
+        let publishers = |specs: &[&str]| ServeArgs {
+            channels: vec!["news=t1".into()],
+            publishers: specs.iter().map(|s| s.to_string()).collect(),
+            ..ServeArgs::default()
+        };
+        let ok = publishers(&["news:alice=t2", "other:bob=t3"])
+            .resolve()
+            .unwrap();
+        let names = |c: &str| -> Vec<String> {
+            ok.channels[c]
+                .publishers
+                .iter()
+                .map(|p| p.name.clone())
+                .collect()
+        };
+        assert_eq!(names("news"), vec!["default", "alice"]);
+        assert_eq!(names("other"), vec!["bob"]);
+        for bad in [
+            "news-alice=t2",
+            "news:alice",
+            "news:Alice=t2",
+            "news:alice=",
+            "news:alice=t1",
+        ] {
+            assert!(publishers(&[bad]).resolve().is_err(), "{bad}");
+        }
         for every in [0, 50_001] {
             let err = ServeArgs {
                 archive_every: Some(every),

@@ -24,6 +24,7 @@ fn change(loc: &str) -> NewChange {
         length: None,
         media_type: None,
         links: vec![],
+        source: None,
     }
 }
 
@@ -581,6 +582,55 @@ pub async fn channel_start_is_recorded_once(e: &dyn Engine) {
     assert_eq!(e.open().channel_created("c", later).await.unwrap(), first);
 }
 
+pub async fn the_index_remembers_who_sent_each_resource(e: &dyn Engine) {
+    let s = e.open();
+    let now = at("2024-01-01T00:00:00Z");
+    let by = |loc: &str, who: &str| NewChange {
+        source: Some(who.into()),
+        ..change(loc)
+    };
+    s.append("c", vec![by("a", "alice"), by("b", "alice")], None, now)
+        .await
+        .unwrap();
+    s.append("c", vec![by("a", "bob")], None, now)
+        .await
+        .unwrap();
+    let a = s
+        .resource("c", "http://example.com/a")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((a.seq, a.source.as_deref()), (3, Some("bob")));
+    let b = s
+        .resource("c", "http://example.com/b")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((b.seq, b.source.as_deref()), (2, Some("alice")));
+    assert!(s
+        .resource("c", "http://example.com/none")
+        .await
+        .unwrap()
+        .is_none());
+    assert!(s
+        .resource("other", "http://example.com/a")
+        .await
+        .unwrap()
+        .is_none());
+    // The log keeps it too, and both survive a reopen.
+    let log = s.read("c", 0, 10).await.unwrap();
+    let sources: Vec<_> = log.iter().map(|c| c.source.as_deref()).collect();
+    assert_eq!(sources, vec![Some("alice"), Some("alice"), Some("bob")]);
+    drop(s);
+    let s = e.open();
+    let a = s
+        .resource("c", "http://example.com/a")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(a.source.as_deref(), Some("bob"));
+}
+
 pub async fn retention_drops_only_whole_closed_lists(e: &dyn Engine) {
     let s = e.open();
     let now = at("2024-01-01T00:00:00Z");
@@ -689,6 +739,7 @@ macro_rules! contract_tests {
                 resource_pages_lose_nothing_while_resources_change,
                 retention_never_trims_the_index,
                 retention_drops_only_whole_closed_lists,
+                the_index_remembers_who_sent_each_resource,
                 channel_start_is_recorded_once,
                 resource_marks_cut_the_index_into_pages,
                 index_matches_the_log_after_concurrent_appends,

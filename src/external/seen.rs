@@ -117,6 +117,7 @@ mod tests {
             length: None,
             media_type: None,
             links: vec![],
+            source: None,
         }
     }
 

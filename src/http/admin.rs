@@ -29,6 +29,9 @@ struct ChannelView {
     topic: String,
     /// `hosted` (a `--channel`) or `external` (an external topic's internal channel).
     kind: &'static str,
+    /// Hosted channels: the names of their publishers (never their tokens).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    publishers: Vec<String>,
     oldest: u64,
     last: u64,
     published: u64,
@@ -61,6 +64,12 @@ pub async fn channels(
             name: name.clone(),
             topic: state.config.urls.topic(name),
             kind: "hosted",
+            publishers: state
+                .config
+                .channels
+                .get(name)
+                .map(|c| c.publishers.iter().map(|p| p.name.clone()).collect())
+                .unwrap_or_default(),
             oldest: head.oldest,
             last: head.last,
             published: feed.published_seq(),
@@ -78,6 +87,7 @@ pub async fn channels(
             name: topic.channel.clone(),
             topic: topic.url.clone(),
             kind: "external",
+            publishers: Vec::new(),
             oldest: head.oldest,
             last: head.last,
             published: topic.feed.published_seq(),
@@ -89,6 +99,32 @@ pub async fn channels(
         });
     }
     Ok(Json(out).into_response())
+}
+
+#[derive(Deserialize)]
+pub struct ResourceQuery {
+    loc: String,
+}
+
+/// `GET /api/channels/{name}/resources?loc=URL`: the resource index entry of `loc` — its
+/// latest change, with its seq and the publisher that sent it (`source`).
+pub async fn resource(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    Query(q): Query<ResourceQuery>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    authorize(&state, &headers)?;
+    if !state.config.channels.contains_key(&name) && state.external.by_channel(&name).is_none() {
+        return Err(ApiError::not_found(format!("no channel {name:?}")));
+    }
+    match state.store.resource(&name, &q.loc).await? {
+        Some(change) => Ok(Json(change).into_response()),
+        None => Err(ApiError::not_found(format!(
+            "channel {name:?} has no resource {:?}",
+            q.loc
+        ))),
+    }
 }
 
 #[derive(Serialize)]

@@ -6,6 +6,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use crate::auth::{self, AuthError};
+use crate::config::ChannelConfig;
 use crate::store::StoreError;
 
 /// An error answer: a status and a short reason, as JSON `{"error": …}` (with the index of the
@@ -85,6 +86,21 @@ impl IntoResponse for ApiError {
 
 impl ApiError {
     /// Checks `Authorization: Bearer <token>` (`what` names the token in a refusal).
+    /// The name of the publisher of `channel` whose token the request carries.
+    pub fn check_publisher(
+        headers: &HeaderMap,
+        channel: &ChannelConfig,
+    ) -> Result<String, ApiError> {
+        auth::check_publisher(headers, channel)
+            .map(str::to_string)
+            .map_err(|e| match e {
+                AuthError::Missing | AuthError::NotBearer => ApiError::unauthorized(e.to_string()),
+                AuthError::Wrong => {
+                    ApiError::new(StatusCode::FORBIDDEN, "wrong token for this channel")
+                }
+            })
+    }
+
     pub fn check_bearer(headers: &HeaderMap, token: &str, what: &str) -> Result<(), ApiError> {
         auth::check_bearer(headers, token).map_err(|e| match e {
             AuthError::Missing | AuthError::NotBearer => ApiError::unauthorized(e.to_string()),

@@ -23,7 +23,7 @@ pub async fn post_changes(
         .channels
         .get(&name)
         .ok_or_else(|| ApiError::not_found(format!("no channel {name:?}")))?;
-    ApiError::check_bearer(&headers, &channel.token, "this channel")?;
+    let source = ApiError::check_publisher(&headers, channel)?;
 
     let content_type = headers
         .get(http::header::CONTENT_TYPE)
@@ -60,6 +60,7 @@ pub async fn post_changes(
     let appended = ingest::accept(
         state.store.as_ref(),
         &name,
+        &source,
         format,
         &bytes,
         idempotency_key,

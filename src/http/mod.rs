@@ -101,6 +101,7 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/api/channels", get(admin::channels))
+        .route("/api/channels/{name}/resources", get(admin::resource))
         .route("/api/subscriptions", get(admin::subscriptions))
         .route("/api/live", get(admin::live))
         .route(

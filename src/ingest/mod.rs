@@ -34,22 +34,27 @@ pub enum IngestError {
     Store(StoreError),
 }
 
-/// Parses, validates and appends one request body to `channel`'s log. With an idempotency
-/// key, a repeated request appends nothing and returns the first answer (`replayed`).
+/// Parses, validates and appends one request body to `channel`'s log, each change recorded as
+/// sent by publisher `source`. With an idempotency key, a repeated request (same body, same
+/// publisher) appends nothing and returns the first answer (`replayed`).
 pub async fn accept(
     store: &dyn Store,
     channel: &str,
+    source: &str,
     format: Format,
     body: &[u8],
     idempotency_key: Option<String>,
     max_future: std::time::Duration,
 ) -> Result<Appended, IngestError> {
-    let changes = parse_body(format, body, MAX_CHANGES).map_err(IngestError::Body)?;
+    let mut changes = parse_body(format, body, MAX_CHANGES).map_err(IngestError::Body)?;
+    for change in &mut changes {
+        change.source = Some(source.to_string());
+    }
     let now = OffsetDateTime::now_utc();
     not_too_far_ahead(&changes, now, max_future).map_err(IngestError::Body)?;
     let idempotency = idempotency_key.map(|key| IdempotencyKey {
         key,
-        fingerprint: fingerprint(format, body),
+        fingerprint: fingerprint(format, source, body),
     });
     store
         .append(channel, changes, idempotency, now)
@@ -89,10 +94,13 @@ pub fn not_too_far_ahead(
     }
 }
 
-/// What makes two requests "the same" for an idempotency key: their format and body.
-fn fingerprint(format: Format, body: &[u8]) -> String {
+/// What makes two requests "the same" for an idempotency key: their format, publisher and
+/// body.
+fn fingerprint(format: Format, source: &str, body: &[u8]) -> String {
     let mut h = Sha256::new();
     h.update(format!("{format:?}").as_bytes());
+    h.update(source.as_bytes());
+    h.update([0]);
     h.update(body);
     hex::encode(h.finalize())
 }

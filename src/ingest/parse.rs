@@ -103,6 +103,7 @@ fn convert(index: usize, value: serde_json::Value) -> Result<NewChange, BodyErro
         length: wire.length,
         media_type: wire.media_type,
         links: wire.links,
+        source: None,
     };
     new.validate()
         .map_err(|e| BodyError::at(index, e.to_string()))?;

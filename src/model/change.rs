@@ -81,6 +81,10 @@ pub struct NewChange {
     pub media_type: Option<String>,
     #[serde(default)]
     pub links: Vec<Link>,
+    /// Who sent it: the name of the publisher whose token came with it (never from the
+    /// wire: the ingest endpoint sets it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
 }
 
 /// A change as the log holds it: numbered and dated.
@@ -105,6 +109,9 @@ pub struct Change {
     pub media_type: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub links: Vec<Link>,
+    /// The publisher that sent it, when it came through the ingest endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
 }
 
 impl Change {
@@ -127,6 +134,7 @@ impl Change {
             length: new.length,
             media_type: new.media_type,
             links: new.links,
+            source: new.source,
         }
     }
 }
@@ -343,6 +351,7 @@ mod tests {
             length: None,
             media_type: None,
             links: vec![],
+            source: None,
         }
     }
 

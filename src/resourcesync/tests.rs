@@ -29,6 +29,7 @@ fn change(seq: u64, loc: &str, kind: ChangeType, datetime: &str) -> Change {
         length: None,
         media_type: None,
         links: vec![],
+        source: None,
     }
 }
 
@@ -56,6 +57,7 @@ fn parsed(c: &Change) -> ParsedEntry {
             length: c.length,
             media_type: c.media_type.clone(),
             links: c.links.clone(),
+            source: None,
         },
     }
 }
@@ -459,6 +461,7 @@ fn other_producer_1_0_with_prefixes() {
         length: None,
         media_type: None,
         links: vec![],
+        source: None,
     };
     let want = vec![
         ParsedEntry {

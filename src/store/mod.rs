@@ -163,6 +163,10 @@ pub trait Store: Send + Sync + 'static {
         limit: usize,
     ) -> Result<ResourcePage, StoreError>;
 
+    /// The latest change of resource `loc` in the index of `channel` (with the publisher that
+    /// sent it), if the index has it.
+    async fn resource(&self, channel: &str, loc: &str) -> Result<Option<Change>, StoreError>;
+
     /// How many resources the index of `channel` describes (deleted ones included).
     async fn resource_count(&self, channel: &str) -> Result<u64, StoreError>;
 

@@ -523,6 +523,7 @@ async fn every_instance_feed_hears_every_notification() {
                 length: None,
                 media_type: None,
                 links: vec![],
+                source: None,
             })
             .collect()
     };

@@ -196,14 +196,13 @@ fn add_channel(c: &mut changehub::config::Config, name: &str, token: &str, reade
     c.channels.insert(
         name.into(),
         changehub::config::ChannelConfig {
-            name: name.into(),
-            token: token.into(),
             read_token: reader.map(String::from),
             retention: changehub::model::Retention {
                 max_changes: 1000,
                 max_age: None,
                 list_size: 1,
             },
+            ..changehub::config::ChannelConfig::new(name, token)
         },
     );
 }

@@ -202,3 +202,110 @@ async fn bad_pages_get_a_clear_400() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(listed(&body).len(), 3, "a page after seq 2");
 }
+
+/// Named publishers: each pushes with its own token, and the resource index remembers which
+/// one sent each resource's latest change (admin API). Names are listed; tokens never are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_index_remembers_which_publisher_sent_each_resource() {
+    let hub = TestHub::start(|c| {
+        let news = c.channels.get_mut(CHANNEL).unwrap();
+        news.set_publisher("alice", "alice-token");
+        news.set_publisher("bob", "bob-token");
+    })
+    .await;
+    let push = |token: &'static str, loc: &'static str, key: Option<&'static str>| {
+        let mut request = hub
+            .client
+            .post(format!("{}/channels/{CHANNEL}/changes", hub.url))
+            .bearer_auth(token)
+            .json(&serde_json::json!({"loc": loc, "change": "updated"}));
+        if let Some(key) = key {
+            request = request.header("idempotency-key", key);
+        }
+        async move { request.send().await.unwrap().status() }
+    };
+    assert_eq!(
+        push("alice-token", "http://example.com/a", Some("k")).await,
+        StatusCode::ACCEPTED
+    );
+    assert_eq!(
+        push("alice-token", "http://example.com/b", None).await,
+        StatusCode::ACCEPTED
+    );
+    assert_eq!(
+        push("bob-token", "http://example.com/a", None).await,
+        StatusCode::ACCEPTED
+    );
+    assert_eq!(
+        push(TOKEN, "http://example.com/c", None).await,
+        StatusCode::ACCEPTED
+    );
+    assert_eq!(
+        push("eve-token", "http://example.com/a", None).await,
+        StatusCode::FORBIDDEN
+    );
+    // The same idempotency key and body from another publisher is another request.
+    assert_eq!(
+        push("bob-token", "http://example.com/a", Some("k")).await,
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
+
+    let who = |loc: &'static str| {
+        let request = hub
+            .client
+            .get(format!(
+                "{}/api/channels/{CHANNEL}/resources?loc={}",
+                hub.url,
+                url_escape(loc)
+            ))
+            .bearer_auth(ADMIN);
+        async move {
+            let resp = request.send().await.unwrap();
+            let status = resp.status();
+            (status, resp.json::<serde_json::Value>().await.unwrap())
+        }
+    };
+    let (status, a) = who("http://example.com/a").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        (a["seq"].as_u64(), a["source"].as_str()),
+        (Some(3), Some("bob"))
+    );
+    let (_, b) = who("http://example.com/b").await;
+    assert_eq!(b["source"], "alice");
+    let (_, c) = who("http://example.com/c").await;
+    assert_eq!(c["source"], "default");
+    let (status, _) = who("http://example.com/none").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let anonymous = hub
+        .client
+        .get(format!(
+            "{}/api/channels/{CHANNEL}/resources?loc=http%3A%2F%2Fexample.com%2Fa",
+            hub.url
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(anonymous.status(), StatusCode::UNAUTHORIZED);
+
+    let channels = hub
+        .client
+        .get(format!("{}/api/channels", hub.url))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        channels.contains(r#""publishers":["default","alice","bob"]"#),
+        "{channels}"
+    );
+    assert!(!channels.contains("alice-token") && !channels.contains(TOKEN));
+}
+
+/// `s` as a query value.
+fn url_escape(s: &str) -> String {
+    url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
+}

@@ -191,6 +191,7 @@ pub(super) fn change_entry(raw: RawEntry, index: usize) -> Result<ParsedEntry, P
             length,
             media_type,
             links: raw.links,
+            source: None,
         },
     })
 }

@@ -111,6 +111,22 @@ pub(super) fn read_page(
     Ok(page)
 }
 
+/// The index entry of `loc`.
+pub(super) fn read_one(
+    db: &Database,
+    channel: &str,
+    loc: &str,
+) -> Result<Option<Change>, StoreError> {
+    let txn = db.begin_read().map_err(unavailable)?;
+    let resources = txn.open_table(RESOURCES).map_err(unavailable)?;
+    let Some(stored) = resources.get((channel, loc)).map_err(unavailable)? else {
+        return Ok(None);
+    };
+    let bytes = stored.value();
+    seq_of(bytes)?;
+    Ok(Some(decode(&bytes[8..])?))
+}
+
 /// The seq at every `every`-th position of the index, in seq order.
 pub(super) fn marks(db: &Database, channel: &str, every: usize) -> Result<Vec<u64>, StoreError> {
     let txn = db.begin_read().map_err(unavailable)?;
@@ -193,6 +209,7 @@ mod tests {
             length: None,
             media_type: None,
             links: vec![],
+            source: None,
         }
     }
 

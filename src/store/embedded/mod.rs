@@ -563,6 +563,12 @@ impl Store for EmbeddedStore {
             .await
     }
 
+    async fn resource(&self, channel: &str, loc: &str) -> Result<Option<Change>, StoreError> {
+        let (channel, loc) = (channel.to_string(), loc.to_string());
+        self.blocking(move |db| index::read_one(db, &channel, &loc))
+            .await
+    }
+
     async fn resource_count(&self, channel: &str) -> Result<u64, StoreError> {
         let channel = channel.to_string();
         self.blocking(move |db| Ok(channel_meta(db, &channel)?.resources))

@@ -10,6 +10,7 @@ use redis::AsyncCommands;
 
 use super::log::decode_entry;
 use super::{key, timed, RedisStore};
+use crate::model::Change;
 use crate::store::{ResourcePage, StoreError};
 
 /// Log entries indexed per backfill call.
@@ -64,6 +65,28 @@ pub(super) async fn page(
         }
     }
     Ok(page)
+}
+
+/// The index entry of `loc`: its log entry (`res`) and seq (`res-seq`), read together.
+pub(super) async fn one(
+    store: &RedisStore,
+    channel: &str,
+    loc: &str,
+) -> Result<Option<Change>, StoreError> {
+    ensure_indexed(store, channel).await?;
+    let mut conn = store.conn();
+    let (entry, seq): (Option<Vec<u8>>, Option<u64>) = timed(
+        redis::pipe()
+            .atomic()
+            .hget(key(channel, "res"), loc)
+            .zscore(key(channel, "res-seq"), loc)
+            .query_async(&mut conn),
+    )
+    .await?;
+    match (entry, seq) {
+        (Some(entry), Some(seq)) => Ok(Some(decode_entry(seq, &entry)?)),
+        _ => Ok(None),
+    }
 }
 
 pub(super) async fn count(store: &RedisStore, channel: &str) -> Result<u64, StoreError> {

@@ -58,6 +58,8 @@ struct Stored<'a> {
     media_type: Option<&'a str>,
     #[serde(skip_serializing_if = "<[Link]>::is_empty")]
     links: &'a [Link],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    source: Option<&'a str>,
 }
 
 impl<'a> From<&'a NewChange> for Stored<'a> {
@@ -71,6 +73,7 @@ impl<'a> From<&'a NewChange> for Stored<'a> {
             length: c.length,
             media_type: c.media_type.as_deref(),
             links: &c.links,
+            source: c.source.as_deref(),
         }
     }
 }
@@ -333,6 +336,7 @@ mod tests {
                 href: "http://example.com/a.txt".into(),
                 attrs: [("type".to_string(), "text/plain".to_string())].into(),
             }],
+            source: None,
         };
         let bare = NewChange {
             loc: "http://example.com/b".into(),
@@ -343,6 +347,7 @@ mod tests {
             length: None,
             media_type: None,
             links: vec![],
+            source: None,
         };
         for c in [full, bare] {
             let bytes = serde_json::to_vec(&Stored::from(&c)).unwrap();

@@ -250,6 +250,10 @@ impl Store for RedisStore {
         index::page(self, channel, after, limit).await
     }
 
+    async fn resource(&self, channel: &str, loc: &str) -> Result<Option<Change>, StoreError> {
+        index::one(self, channel, loc).await
+    }
+
     async fn resource_count(&self, channel: &str) -> Result<u64, StoreError> {
         index::count(self, channel).await
     }
