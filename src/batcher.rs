@@ -44,6 +44,7 @@ pub fn render_notification(config: &Config, channel: &str, changes: Vec<Change>)
         last,
         changes,
         body,
+        accepted_at: None,
     }
 }
 
@@ -157,10 +158,15 @@ impl Batcher {
     pub async fn run(mut self, cancel: CancellationToken) {
         let max_batch = self.config.max_batch as u64;
         let mut deadline: Option<Instant> = None;
+        // When the oldest unpublished change was first seen durable (about its 202).
+        let mut seen: Option<std::time::Instant> = None;
         let mut stopping = false;
         loop {
             let head = *self.head_rx.borrow_and_update();
             let pending = head.saturating_sub(self.published);
+            if pending > 0 && seen.is_none() {
+                seen = Some(std::time::Instant::now());
+            }
             let due = stopping || deadline.is_some_and(|d| Instant::now() >= d);
             if pending >= max_batch || (pending > 0 && due) {
                 let upto = head.min(self.published + max_batch);
@@ -170,10 +176,16 @@ impl Batcher {
                     &self.config,
                     self.published,
                     upto,
+                    seen,
                 )
                 .await
                 {
-                    Ok(()) => self.published = upto,
+                    Ok(()) => {
+                        self.published = upto;
+                        if upto >= head {
+                            seen = None;
+                        }
+                    }
                     Err(e) => {
                         tracing::warn!(channel = %self.feed.name, error = %e, "cannot read the log to publish; retrying");
                         if stopping {
@@ -217,6 +229,7 @@ async fn cut(
     config: &Config,
     after: u64,
     upto: u64,
+    seen: Option<std::time::Instant>,
 ) -> Result<(), crate::store::StoreError> {
     let changes = store
         .read(&feed.name, after, (upto - after) as usize)
@@ -226,7 +239,9 @@ async fn cut(
         feed.start_at(upto);
         return Ok(());
     }
-    let n = render_notification(config, &feed.name, changes);
+    let mut n = render_notification(config, &feed.name, changes);
+    n.accepted_at = seen;
+    metrics::counter!("changehub_notifications_total", "channel" => feed.name.clone()).increment(1);
     tracing::debug!(channel = %feed.name, first = n.first, last = n.last, "notification cut");
     feed.publish(n);
     Ok(())

@@ -68,6 +68,9 @@ pub struct ServeArgs {
     /// Bearer token for the admin API.
     #[arg(long, env = "CHANGEHUB_ADMIN_TOKEN")]
     pub admin_token: Option<String>,
+    /// Bearer token that `GET /metrics` asks for (default: none, metrics are public).
+    #[arg(long, env = "CHANGEHUB_METRICS_TOKEN")]
+    pub metrics_token: Option<String>,
     /// Allow callbacks that resolve to loopback, private or link-local addresses.
     #[arg(long, env = "CHANGEHUB_ALLOW_PRIVATE_CALLBACKS")]
     pub allow_private_callbacks: bool,
@@ -159,6 +162,7 @@ struct FileConfig {
     data_dir: Option<PathBuf>,
     redis: Option<String>,
     admin_token: Option<String>,
+    metrics_token: Option<String>,
     allow_private_callbacks: Option<bool>,
     #[serde(default)]
     allow_external_topics: Vec<String>,
@@ -307,6 +311,8 @@ pub struct Config {
     pub store: StoreConfig,
     pub channels: BTreeMap<String, ChannelConfig>,
     pub admin_token: Option<String>,
+    /// When set, `GET /metrics` needs this bearer token.
+    pub metrics_token: Option<String>,
     pub allow_private_callbacks: bool,
     pub allow_external_topics: Vec<String>,
     pub max_batch: usize,
@@ -561,6 +567,7 @@ impl ServeArgs {
             store,
             channels,
             admin_token: self.admin_token.or(file.admin_token),
+            metrics_token: self.metrics_token.or(file.metrics_token),
             allow_private_callbacks: self.allow_private_callbacks
                 || file.allow_private_callbacks.unwrap_or(false),
             allow_external_topics: [self.allow_external_topics, file.allow_external_topics]

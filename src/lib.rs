@@ -24,7 +24,8 @@
 //! Around them: [`http`] (the web layer, the only room that knows axum), [`client`] (the
 //! client commands), [`net`] (outbound HTTP, Link headers, URLs), [`auth`] (tokens and
 //! secrets), [`retry`] (backoff), [`work`] (task trackers and stop tokens), [`config`],
-//! [`logging`] (the binary's log lines), and [`server`], which wires everything together.
+//! [`logging`] (the binary's log lines), [`telemetry`] (Prometheus metrics), and [`server`],
+//! which wires everything together.
 //!
 //! [`run`] is the one entry point, shared by the binary and the tests: it serves on a listener
 //! until the `shutdown` future completes, then flushes the batchers and stops every task.
@@ -48,6 +49,7 @@ pub mod resourcesync;
 pub mod retry;
 pub mod server;
 pub mod store;
+pub mod telemetry;
 pub mod work;
 
 pub use server::{open_store, run, Error, Hub};

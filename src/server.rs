@@ -67,6 +67,7 @@ pub async fn run(
         tasks: hub.work.tasks.clone(),
         shutdown: stopping.clone(),
         connections: Arc::default(),
+        metrics: crate::telemetry::install(),
     };
     let mut channels: Vec<&str> = config.channels.keys().map(String::as_str).collect();
     channels.sort_unstable();

@@ -316,6 +316,11 @@ impl Fanout {
     }
 
     /// The subscriptions with a running worker.
+    /// True when this instance batches and delivers `channel`.
+    pub fn owns(&self, channel: &str) -> bool {
+        self.ownership.owns(channel)
+    }
+
     pub fn active(&self) -> Vec<Arc<Subscription>> {
         let live = self.live.lock().unwrap_or_else(|e| e.into_inner());
         live.1.values().map(|h| h.sub.borrow().clone()).collect()

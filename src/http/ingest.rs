@@ -67,6 +67,14 @@ pub async fn post_changes(
         state.config.max_future,
     )
     .await
+    .inspect_err(|e| {
+        let outcome = match e {
+            IngestError::Store(_) => "failed",
+            _ => "rejected",
+        };
+        metrics::counter!("changehub_ingest_requests_total", "channel" => name.clone(), "outcome" => outcome)
+            .increment(1);
+    })
     .map_err(|e| match e {
         IngestError::Body(e) => ApiError {
             index: e.index,
@@ -78,6 +86,17 @@ pub async fn post_changes(
         IngestError::Store(e) => ApiError::from(e),
     })?;
     tracing::debug!(channel = %name, first = appended.first, last = appended.last, replayed = appended.replayed, "changes accepted");
+    let outcome = if appended.replayed {
+        "replayed"
+    } else {
+        "accepted"
+    };
+    metrics::counter!("changehub_ingest_requests_total", "channel" => name.clone(), "outcome" => outcome)
+        .increment(1);
+    if !appended.replayed {
+        metrics::counter!("changehub_ingested_changes_total", "channel" => name.clone())
+            .increment(appended.accepted as u64);
+    }
     let mut response = (
         StatusCode::ACCEPTED,
         Json(serde_json::json!({

@@ -20,6 +20,7 @@ mod dashboard;
 mod error;
 mod health;
 mod ingest;
+mod metrics;
 mod sse;
 mod websub;
 pub mod ws;
@@ -58,6 +59,8 @@ pub struct AppState {
     pub shutdown: CancellationToken,
     /// Websocket connections per client address, and their shared frames.
     pub connections: Arc<ws::Connections>,
+    /// The Prometheus recorder's handle (`None`: another recorder was installed first).
+    pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
 }
 
 /// Every route of the hub.
@@ -99,6 +102,7 @@ pub fn router(state: AppState) -> Router {
         .route("/channels", get(dashboard::channels))
         .route("/channels/{name}/events", get(sse::events))
         .route("/healthz", get(health::healthz))
+        .route("/metrics", get(metrics::metrics))
         .route("/readyz", get(health::readyz))
         .route("/api/channels", get(admin::channels))
         .route("/api/channels/{name}/resources", get(admin::resource))

@@ -11,6 +11,7 @@ use futures_util::StreamExt;
 use serde::Deserialize;
 use std::convert::Infallible;
 
+use super::ws::SseGuard;
 use super::{read_token, ApiError, AppState};
 use crate::auth;
 use crate::live::follow::{Event, Follower};
@@ -55,11 +56,15 @@ pub async fn events(
         .cloned()
         .ok_or_else(|| ApiError::not_found(format!("no channel {name:?}")))?;
     let follower = Follower::new(feed, state.store.clone(), since);
-    let stream = futures_util::stream::unfold(follower, move |mut follower| {
+    let open = (follower, SseGuard::new(&state.connections));
+    let stream = futures_util::stream::unfold(open, move |(mut follower, guard)| {
         let name = name.clone();
         async move {
             match follower.next().await {
-                Ok(Some(event)) => Some((Ok::<_, Infallible>(sse_event(&name, &event)), follower)),
+                Ok(Some(event)) => Some((
+                    Ok::<_, Infallible>(sse_event(&name, &event)),
+                    (follower, guard),
+                )),
                 Ok(None) => None,
                 Err(e) => {
                     tracing::warn!(channel = %name, error = %e, "event stream cannot read the log");

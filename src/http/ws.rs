@@ -48,6 +48,8 @@ pub struct Connections {
     per_ip: Mutex<HashMap<IpAddr, usize>>,
     /// Connections closed because the client could not keep up.
     pub slow_closes: std::sync::atomic::AtomicU64,
+    /// Open server-sent event streams (see [`SseGuard`]).
+    pub sse: std::sync::atomic::AtomicUsize,
     frames: Mutex<HashMap<String, VecDeque<SharedFrame>>>,
 }
 
@@ -97,6 +99,26 @@ impl Connections {
             .unwrap_or_else(|e| e.into_inner())
             .values()
             .sum()
+    }
+}
+
+/// Counts one server-sent event stream until dropped.
+pub struct SseGuard(Arc<Connections>);
+
+impl SseGuard {
+    pub fn new(connections: &Arc<Connections>) -> SseGuard {
+        connections
+            .sse
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        SseGuard(connections.clone())
+    }
+}
+
+impl Drop for SseGuard {
+    fn drop(&mut self) {
+        self.0
+            .sse
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
 

@@ -56,13 +56,13 @@ pub async fn accept(
         key,
         fingerprint: fingerprint(format, source, body),
     });
-    store
-        .append(channel, changes, idempotency, now)
-        .await
-        .map_err(|e| match e {
-            StoreError::IdempotencyConflict => IngestError::IdempotencyConflict,
-            other => IngestError::Store(other),
-        })
+    let started = std::time::Instant::now();
+    let appended = store.append(channel, changes, idempotency, now).await;
+    metrics::histogram!("changehub_store_append_seconds").record(started.elapsed());
+    appended.map_err(|e| match e {
+        StoreError::IdempotencyConflict => IngestError::IdempotencyConflict,
+        other => IngestError::Store(other),
+    })
 }
 
 /// Refuses a change dated more than `max_future` after `now` (`--max-future`): within a

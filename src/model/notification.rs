@@ -14,4 +14,7 @@ pub struct Notification {
     pub changes: Vec<Change>,
     /// The Change List document, as delivered to every subscriber.
     pub body: Bytes,
+    /// When the hub first saw the first of these changes durable (about when its source got
+    /// the 202); `None` for a notification rendered again from the log.
+    pub accepted_at: Option<std::time::Instant>,
 }

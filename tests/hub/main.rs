@@ -16,6 +16,7 @@ mod external;
 mod golden;
 mod live;
 mod logs;
+mod metrics;
 mod reference_client;
 mod resources;
 mod shutdown;

@@ -199,6 +199,17 @@ impl Worker {
         };
         let settled = settle(outcome, &mut self.state.pending, start, &self.policy, now);
         settled.record(&mut self.state, sub, What::Seqs(first, last), now);
+        if settled == Settled::Delivered {
+            // From the 202 of these changes, when the batcher's notification is still at hand.
+            if let Some(at) = self
+                .feed
+                .cached(first)
+                .filter(|n| n.last == last)
+                .and_then(|n| n.accepted_at)
+            {
+                metrics::histogram!("changehub_delivery_latency_seconds").record(at.elapsed());
+            }
+        }
         match settled {
             Settled::Gone => return self.end(sub).await,
             Settled::Delivered | Settled::GaveUp { .. } => self.state.cursor = last,

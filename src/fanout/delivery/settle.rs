@@ -169,6 +169,13 @@ impl Settled {
         // A failing subscription logs when its trouble starts, when it ends, and when a
         // payload is given up; the retries in between only at debug level.
         let failing = state.last_error.is_some();
+        let outcome = match self {
+            Settled::Delivered => "delivered",
+            Settled::Gone => "gone",
+            Settled::WillRetry { .. } => "failed",
+            Settled::GaveUp { .. } => "given_up",
+        };
+        metrics::counter!("changehub_deliveries_total", "outcome" => outcome).increment(1);
         match self {
             Settled::Delivered => {
                 if failing {

@@ -119,6 +119,7 @@ impl Drop for EmbeddedStore {
 }
 
 fn unavailable(e: impl std::fmt::Display) -> StoreError {
+    metrics::counter!("changehub_store_errors_total").increment(1);
     StoreError::Unavailable(e.to_string())
 }
 

@@ -88,6 +88,7 @@ fn key(channel: &str, what: &str) -> String {
 }
 
 fn unavailable(e: impl std::fmt::Display) -> StoreError {
+    metrics::counter!("changehub_store_errors_total").increment(1);
     StoreError::Unavailable(e.to_string())
 }
 
@@ -96,9 +97,7 @@ async fn timed<T>(f: impl Future<Output = RedisResult<T>>) -> Result<T, StoreErr
     match tokio::time::timeout(OP_TIMEOUT, f).await {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => Err(unavailable(e)),
-        Err(_) => Err(StoreError::Unavailable(
-            "redis did not answer in time".into(),
-        )),
+        Err(_) => Err(unavailable("redis did not answer in time")),
     }
 }
 
