@@ -3,11 +3,14 @@
 //! last seq printed — in a file, so that a restart resumes exactly where it stopped.
 //!
 //! What it does:
-//! 1. Reads the cursor from `CURSOR_FILE` (one decimal seq). Without the file it starts live
-//!    (or from everything retained with `--from-start`) and writes the file as soon as the hub
-//!    says where the subscription starts.
-//! 2. Connects to `{hub}/ws` and sends `{"op":"subscribe","channel":…,"since":cursor}`: the hub
-//!    replays every retained change after the cursor, sends `caught_up`, then live changes.
+//! 1. Reads the cursor from `CURSOR_FILE` (a decimal seq, then the epoch of the log it belongs
+//!    to). Without the file it starts live (or from everything retained with `--from-start`)
+//!    and writes the file as soon as the hub says where the subscription starts.
+//! 2. Connects to `{hub}/ws` and sends `{"op":"subscribe","channel":…,"since":cursor,
+//!    "epoch":…}`: the hub replays every retained change after the cursor, sends `caught_up`,
+//!    then live changes. When the hub's log is not the one the cursor came from (its data was
+//!    lost, or it is another hub), the hub answers `reset` and replays its log from the start;
+//!    so does a cursor older than retention.
 //! 3. For each `notification`: prints each change not printed yet as
 //!    `seq<TAB>change<TAB>datetime<TAB>loc` on stdout, then saves the cursor (written to a
 //!    temporary file, synced, renamed over the old one). Events go to stderr.
@@ -65,15 +68,15 @@ struct Args {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let url = websocket_url(&args.hub)?;
-    let mut cursor = match load_cursor(&args.cursor_file)? {
-        Some(seq) => Some(seq),
-        None if args.from_start => Some(0),
-        None => None,
+    let (mut cursor, mut epoch) = match load_cursor(&args.cursor_file)? {
+        Some((seq, epoch)) => (Some(seq), epoch),
+        None if args.from_start => (Some(0), None),
+        None => (None, None),
     };
     let mut delay = FIRST_DELAY;
     let following = async {
         loop {
-            let why = follow(&url, &args, &mut cursor, &mut delay).await?;
+            let why = follow(&url, &args, &mut cursor, &mut epoch, &mut delay).await?;
             eprintln!("{why}; reconnecting in {delay:?}");
             tokio::time::sleep(delay).await;
             delay = (delay * 2).min(MAX_DELAY);
@@ -111,6 +114,7 @@ async fn follow(
     url: &str,
     args: &Args,
     cursor: &mut Option<u64>,
+    epoch: &mut Option<String>,
     delay: &mut Duration,
 ) -> anyhow::Result<String> {
     let mut ws = match tokio_tungstenite::connect_async(url).await {
@@ -120,6 +124,10 @@ async fn follow(
     let mut subscribe = json!({"op": "subscribe", "channel": args.channel});
     if let Some(seq) = *cursor {
         subscribe["since"] = seq.into();
+        // The hub resets a cursor of another epoch (its log started again).
+        if let Some(epoch) = epoch.as_deref() {
+            subscribe["epoch"] = epoch.into();
+        }
     }
     if let Some(token) = &args.token {
         subscribe["token"] = token.as_str().into();
@@ -144,12 +152,15 @@ async fn follow(
             Ok(Some(Ok(_))) => continue, // pings are answered by the library
         };
         let frame: Value = serde_json::from_str(text.as_str()).context("a frame from the hub")?;
+        if let Some(e) = frame["epoch"].as_str() {
+            *epoch = Some(e.to_string());
+        }
         match frame["type"].as_str().unwrap_or_default() {
             "subscribed" => {
                 *delay = FIRST_DELAY;
                 if cursor.is_none() {
                     *cursor = frame["cursor"].as_u64();
-                    save_cursor(&args.cursor_file, *cursor)?;
+                    save_cursor(&args.cursor_file, *cursor, epoch.as_deref())?;
                 }
                 eprintln!(
                     "subscribed to {} after seq {}",
@@ -175,15 +186,17 @@ async fn follow(
                 let mut stdout = std::io::stdout().lock();
                 stdout.write_all(lines.as_bytes())?;
                 stdout.flush()?;
-                save_cursor(&args.cursor_file, *cursor)?;
+                save_cursor(&args.cursor_file, *cursor, epoch.as_deref())?;
             }
             "caught_up" => eprintln!("caught up at seq {}; now live", frame["seq"]),
             "reset" => {
-                eprintln!("reset: {}", frame["message"]);
+                // `retention`: changes were missed; `ahead` / `epoch`: the hub's log started
+                // again. Either way the replay goes on from `oldest`.
+                eprintln!("reset ({}): {}", frame["reason"], frame["message"]);
                 *cursor = frame["oldest"]
                     .as_u64()
                     .map(|oldest| oldest.saturating_sub(1));
-                save_cursor(&args.cursor_file, *cursor)?;
+                save_cursor(&args.cursor_file, *cursor, epoch.as_deref())?;
             }
             "error" if frame["code"] == "unavailable" => {
                 return Ok(format!("the hub says: {}", frame["message"]))
@@ -194,14 +207,17 @@ async fn follow(
     }
 }
 
-fn load_cursor(path: &Path) -> anyhow::Result<Option<u64>> {
+/// The cursor file: `SEQ` or `SEQ EPOCH` on one line.
+fn load_cursor(path: &Path) -> anyhow::Result<Option<(u64, Option<String>)>> {
     match std::fs::read_to_string(path) {
         Ok(text) => {
-            let seq = text
-                .trim()
+            let mut words = text.split_whitespace();
+            let seq = words
+                .next()
+                .unwrap_or_default()
                 .parse()
                 .with_context(|| format!("{}: not a seq", path.display()))?;
-            Ok(Some(seq))
+            Ok(Some((seq, words.next().map(str::to_string))))
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
@@ -209,14 +225,17 @@ fn load_cursor(path: &Path) -> anyhow::Result<Option<u64>> {
 }
 
 /// Replaces the cursor file whole: a crash leaves the old cursor or the new one.
-fn save_cursor(path: &Path, cursor: Option<u64>) -> anyhow::Result<()> {
+fn save_cursor(path: &Path, cursor: Option<u64>, epoch: Option<&str>) -> anyhow::Result<()> {
     let Some(seq) = cursor else { return Ok(()) };
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);
     let mut file =
         std::fs::File::create(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
-    writeln!(file, "{seq}")?;
+    match epoch {
+        Some(epoch) => writeln!(file, "{seq} {epoch}")?,
+        None => writeln!(file, "{seq}")?,
+    }
     file.sync_all()?;
     std::fs::rename(&tmp, path).with_context(|| format!("replacing {}", path.display()))
 }

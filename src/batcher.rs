@@ -19,14 +19,19 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::model::{Change, Notification};
 use crate::resourcesync::{self, ChangeListHeader};
-use crate::store::Store;
+use crate::store::{Origin, Store, StoreError};
 
 /// How many recent notifications a feed keeps for delivery workers to share.
 const RECENT: usize = 64;
 
 /// Renders changes `first..=last` of a channel as a notification document. Deterministic: the
 /// same changes always give the same bytes, so a retried delivery carries the same body.
-pub fn render_notification(config: &Config, channel: &str, changes: Vec<Change>) -> Notification {
+pub fn render_notification(
+    config: &Config,
+    channel: &str,
+    epoch: &str,
+    changes: Vec<Change>,
+) -> Notification {
     let (first, last) = match (changes.first(), changes.last()) {
         (Some(f), Some(l)) => (f.seq, l.seq),
         _ => (0, 0),
@@ -35,6 +40,7 @@ pub fn render_notification(config: &Config, channel: &str, changes: Vec<Change>)
         from: changes.first().map(|c| c.datetime),
         until: changes.last().map(|c| c.datetime),
         links: crate::catchup::change_list_links(&config.urls, channel),
+        epoch: Some(epoch.to_string()),
         seq_range: Some((first, last)),
     };
     let body = Bytes::from(resourcesync::write_change_list(&header, &changes));
@@ -54,6 +60,8 @@ pub type Feeds = Arc<std::collections::BTreeMap<String, Arc<ChannelFeed>>>;
 /// What a channel has published so far.
 pub struct ChannelFeed {
     pub name: String,
+    /// The channel's origin (its epoch), read from the store once.
+    origin: tokio::sync::OnceCell<Origin>,
     published: watch::Sender<u64>,
     recent: Mutex<VecDeque<Arc<Notification>>>,
     live: broadcast::Sender<Arc<Notification>>,
@@ -63,10 +71,24 @@ impl ChannelFeed {
     pub fn new(name: &str) -> ChannelFeed {
         ChannelFeed {
             name: name.to_string(),
+            origin: tokio::sync::OnceCell::new(),
             published: watch::channel(0).0,
             recent: Mutex::new(VecDeque::with_capacity(RECENT)),
             live: broadcast::channel(1024).0,
         }
+    }
+
+    /// When the channel began and the epoch of its log (recorded by the first call, see
+    /// [`Store::origin`]); read from the store once, then kept.
+    pub async fn origin(&self, store: &dyn Store) -> Result<&Origin, StoreError> {
+        self.origin
+            .get_or_try_init(|| store.origin(&self.name, time::OffsetDateTime::now_utc()))
+            .await
+    }
+
+    /// The origin, when it was read already.
+    pub fn known_origin(&self) -> Option<&Origin> {
+        self.origin.get()
     }
 
     /// The last published seq, and its changes over time.
@@ -239,7 +261,8 @@ async fn cut(
         feed.start_at(upto);
         return Ok(());
     }
-    let mut n = render_notification(config, &feed.name, changes);
+    let epoch = &feed.origin(store).await?.epoch;
+    let mut n = render_notification(config, &feed.name, epoch, changes);
     n.accepted_at = seen;
     metrics::counter!("changehub_notifications_total", "channel" => feed.name.clone()).increment(1);
     tracing::debug!(channel = %feed.name, first = n.first, last = n.last, "notification cut");

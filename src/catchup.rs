@@ -23,7 +23,7 @@ use crate::net::Urls;
 use crate::resourcesync::{
     self, Capability, ChangeListHeader, DocLink, IndexEntry, ResourceListHeader,
 };
-use crate::store::{ChannelHead, Store, StoreError};
+use crate::store::{ChannelHead, Origin, Store, StoreError};
 
 /// Most changes in the open Change List and in one `changes?after=` page.
 pub const MAX_LIST: usize = 50_000;
@@ -45,12 +45,36 @@ pub enum CatchupError {
     /// No such closed Change List or archive page.
     #[error("{0}")]
     NotFound(String),
+    /// The cursor is not a seq of this log: beyond its newest seq, or of another epoch.
+    #[error("{reason}")]
+    NotThisLog {
+        reason: String,
+        last: u64,
+        epoch: String,
+    },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
 
+/// One channel's log as the documents see it: where it is, how it is cut into Change Lists,
+/// and its origin (the epoch every document carries as `ch:epoch`).
+#[derive(Clone, Copy)]
+pub struct Log<'a> {
+    pub store: &'a dyn Store,
+    pub urls: &'a Urls,
+    pub channel: &'a str,
+    pub lists: Lists,
+    pub origin: &'a Origin,
+}
+
 /// The entity tag of a channel's topic document: it changes whenever the open list does.
-pub async fn etag(store: &dyn Store, channel: &str, lists: Lists) -> Result<String, StoreError> {
+pub async fn etag(log: Log<'_>) -> Result<String, StoreError> {
+    let Log {
+        store,
+        channel,
+        lists,
+        ..
+    } = log;
     let head = store.head(channel).await?;
     Ok(format!(
         "\"{}-{}-{}\"",
@@ -72,12 +96,15 @@ fn open_after(head: ChannelHead, lists: Lists) -> u64 {
 /// list. Its `from` is the `until` of the last closed list (the datetime of its last change),
 /// or when that is no longer retained the first change's datetime, or when the list is empty
 /// and nothing was ever closed, when the channel began.
-pub async fn changelist(
-    store: &dyn Store,
-    urls: &Urls,
-    channel: &str,
-    lists: Lists,
-) -> Result<Vec<u8>, StoreError> {
+pub async fn changelist(log: Log<'_>) -> Result<Vec<u8>, StoreError> {
+    let Log {
+        store,
+        urls,
+        channel,
+        lists,
+        origin,
+        ..
+    } = log;
     let head = store.head(channel).await?;
     let after = open_after(head, lists);
     let closed = lists.closed_upto(head.last);
@@ -96,13 +123,10 @@ pub async fn changelist(
     let from = match (boundary, changes.first()) {
         (Some(until), _) => until,
         (None, Some(first)) => first.datetime,
-        (None, None) => {
-            store
-                .channel_created(channel, OffsetDateTime::now_utc())
-                .await?
-        }
+        (None, None) => origin.created,
     };
     let header = ChangeListHeader {
+        epoch: Some(origin.epoch.clone()),
         from: Some(from),
         until: None,
         links: change_list_links(urls, channel),
@@ -127,13 +151,14 @@ pub fn change_list_links(urls: &Urls, channel: &str) -> Vec<DocLink> {
 /// so its bytes never change (`from` and `until` are the datetimes of its first and last
 /// change). The archive lists the closed lists of [`Lists`]; any other range of at most
 /// [`MAX_LIST`] closed changes is served the same way.
-pub async fn closed_list(
-    store: &dyn Store,
-    urls: &Urls,
-    channel: &str,
-    first: u64,
-    last: u64,
-) -> Result<Vec<u8>, CatchupError> {
+pub async fn closed_list(log: Log<'_>, first: u64, last: u64) -> Result<Vec<u8>, CatchupError> {
+    let Log {
+        store,
+        urls,
+        channel,
+        origin,
+        ..
+    } = log;
     if first == 0 || last < first || last - first >= MAX_LIST as u64 {
         return Err(CatchupError::NotFound(format!(
             "{first}-{last} is not a Change List of this hub: closed lists are FIRST-LAST with \
@@ -161,6 +186,7 @@ pub async fn closed_list(
         return Err(gone); // trimmed meanwhile
     }
     let header = ChangeListHeader {
+        epoch: Some(origin.epoch.clone()),
         from: changes.first().map(|c| c.datetime),
         until: changes.last().map(|c| c.datetime),
         links: change_list_links(urls, channel),
@@ -176,19 +202,22 @@ pub const ARCHIVE_PAGE: u64 = 1_000;
 /// The Change List Archive of `channel`: one entry per retained closed list, oldest first —
 /// or, when there are more than [`ARCHIVE_PAGE`], an archive index of pages. `page` asks for
 /// one page of that index.
-pub async fn archive(
-    store: &dyn Store,
-    urls: &Urls,
-    channel: &str,
-    lists: Lists,
-    page: Option<u64>,
-) -> Result<Vec<u8>, CatchupError> {
+pub async fn archive(log: Log<'_>, page: Option<u64>) -> Result<Vec<u8>, CatchupError> {
+    let Log {
+        store,
+        urls,
+        channel,
+        lists,
+        origin,
+        ..
+    } = log;
     let head = store.head(channel).await?;
     let last_list = lists.closed_upto(head.last) / lists.size;
     let first_list = lists.list_of(head.oldest);
     let page_of = |k: u64| (k - 1) / ARCHIVE_PAGE + 1;
     let up = DocLink::new("up", urls.capability_list(channel));
     let mut header = ChangeListHeader {
+        epoch: Some(origin.epoch.clone()),
         links: vec![up],
         ..ChangeListHeader::default()
     };
@@ -276,18 +305,36 @@ pub struct Page {
 
 /// The changes of `channel` after seq `after`, at most `limit`.
 pub async fn changes_after(
-    store: &dyn Store,
-    urls: &Urls,
-    channel: &str,
+    log: Log<'_>,
     after: u64,
     limit: usize,
+    epoch: Option<&str>,
 ) -> Result<Page, CatchupError> {
+    let Log {
+        store,
+        urls,
+        channel,
+        origin,
+        ..
+    } = log;
     let head = store.head(channel).await?;
+    let not_this_log = |reason: String| CatchupError::NotThisLog {
+        reason,
+        last: head.last,
+        epoch: origin.epoch.clone(),
+    };
+    if let Some(epoch) = epoch.filter(|e| *e != origin.epoch) {
+        return Err(not_this_log(format!(
+            "the cursor is of epoch {epoch}, but this log's epoch is {}: the log was started \
+             again, so start again from its beginning",
+            origin.epoch
+        )));
+    }
     if after > head.last {
-        return Err(CatchupError::BadPage(format!(
-            "after ({after}) is beyond the channel's newest seq ({}): is it a seq of another \
-             channel?",
-            head.last
+        return Err(not_this_log(format!(
+            "after ({after}) is beyond the newest seq ({}) of this log (epoch {}): the log was \
+             started again, or the seq is of another channel or hub",
+            head.last, origin.epoch
         )));
     }
     if after.saturating_add(1) < head.oldest {
@@ -304,6 +351,7 @@ pub async fn changes_after(
         links.push(DocLink::new("next", next.clone()));
     }
     let header = ChangeListHeader {
+        epoch: Some(origin.epoch.clone()),
         from: changes.first().map(|c| c.datetime),
         until: changes.last().map(|c| c.datetime),
         links,
@@ -329,11 +377,14 @@ pub struct Snapshot {
 /// The Resource List of `channel`: every resource whose latest change is not `deleted`. When
 /// the index describes more than [`MAX_RESOURCES`] resources, a Resource List Index whose
 /// pages split the index by seq ([`Store::resource_marks`]).
-pub async fn resource_list(
-    store: &dyn Store,
-    urls: &Urls,
-    channel: &str,
-) -> Result<Snapshot, StoreError> {
+pub async fn resource_list(log: Log<'_>) -> Result<Snapshot, StoreError> {
+    let Log {
+        store,
+        urls,
+        channel,
+        origin,
+        ..
+    } = log;
     let at = OffsetDateTime::now_utc();
     let up = DocLink::new("up", urls.capability_list(channel));
     if store.resource_count(channel).await? <= MAX_RESOURCES as u64 {
@@ -341,6 +392,7 @@ pub async fn resource_list(
             .await?
             .unwrap_or_default();
         let header = ResourceListHeader {
+            epoch: Some(origin.epoch.clone()),
             at,
             completed: Some(OffsetDateTime::now_utc()),
             links: vec![up],
@@ -361,6 +413,7 @@ pub async fn resource_list(
     }
     pages.push(urls.resource_list_page(channel, after, None));
     let header = ResourceListHeader {
+        epoch: Some(origin.epoch.clone()),
         at,
         completed: Some(OffsetDateTime::now_utc()),
         links: vec![up],
@@ -375,12 +428,17 @@ pub async fn resource_list(
 /// One page of a Resource List Index: the resources whose latest change has a seq in
 /// (`after`, `upto`] (`upto` absent: to the end), deleted ones left out.
 pub async fn resource_list_page(
-    store: &dyn Store,
-    urls: &Urls,
-    channel: &str,
+    log: Log<'_>,
     after: u64,
     upto: Option<u64>,
 ) -> Result<Snapshot, CatchupError> {
+    let Log {
+        store,
+        urls,
+        channel,
+        origin,
+        ..
+    } = log;
     let at = OffsetDateTime::now_utc();
     if let Some(upto) = upto {
         if upto <= after {
@@ -409,6 +467,7 @@ pub async fn resource_list_page(
             CatchupError::BadPage("not a page of this hub's Resource List Index".into())
         })?;
     let header = ResourceListHeader {
+        epoch: Some(origin.epoch.clone()),
         at,
         completed: Some(OffsetDateTime::now_utc()),
         links: vec![

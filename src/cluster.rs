@@ -337,6 +337,13 @@ impl Cluster {
     async fn follow(&self, feed: &ChannelFeed, last: u64) {
         let max = self.config.max_batch.max(1) as u64;
         let mut published = feed.published_seq();
+        let epoch = match feed.origin(self.store.as_ref()).await {
+            Ok(origin) => origin.epoch.clone(),
+            Err(e) => {
+                tracing::debug!(channel = %feed.name, error = %e, "cannot follow the owner now");
+                return;
+            }
+        };
         while published < last {
             let upto = last.min(published + max);
             match self
@@ -345,9 +352,12 @@ impl Cluster {
                 .await
             {
                 Ok(changes) if changes.is_empty() => feed.start_at(upto),
-                Ok(changes) => {
-                    feed.announce(render_notification(&self.config, &feed.name, changes))
-                }
+                Ok(changes) => feed.announce(render_notification(
+                    &self.config,
+                    &feed.name,
+                    &epoch,
+                    changes,
+                )),
                 Err(e) => {
                     tracing::debug!(channel = %feed.name, error = %e, "cannot follow the owner now");
                     return; // the periodic refresh brings it back

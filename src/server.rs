@@ -173,11 +173,11 @@ impl Hub {
             }
             None
         };
-        // Each channel's beginning is recorded once (an empty Change List's `from`).
-        let now = time::OffsetDateTime::now_utc();
-        for name in config.channels.keys() {
-            if let Err(e) = store.channel_created(name, now).await {
-                tracing::warn!(channel = %name, error = %e, "cannot record the channel's start; will on first read");
+        // Each channel's origin is recorded once: when it began (an empty Change List's
+        // `from`) and the epoch of its log.
+        for (name, feed) in feeds.iter() {
+            if let Err(e) = feed.origin(store.as_ref()).await {
+                tracing::warn!(channel = %name, error = %e, "cannot record the channel's origin; will on first use");
             }
         }
         // External topics with stored subscriptions are served again (on every store).

@@ -569,17 +569,22 @@ pub async fn resource_marks_cut_the_index_into_pages(e: &dyn Engine) {
     assert_eq!(s.resource_marks("c", 11).await.unwrap(), Vec::<u64>::new());
 }
 
-pub async fn channel_start_is_recorded_once(e: &dyn Engine) {
+pub async fn channel_origin_is_recorded_once(e: &dyn Engine) {
     let s = e.open();
     let first = at("2024-01-01T00:00:00.123456789Z");
-    assert_eq!(s.channel_created("c", first).await.unwrap(), first);
+    let origin = s.origin("c", first).await.unwrap();
+    assert_eq!(origin.created, first);
+    assert_eq!(origin.epoch.len(), 16);
+    assert!(origin.epoch.bytes().all(|b| b.is_ascii_hexdigit()));
     let later = at("2024-02-01T00:00:00Z");
-    assert_eq!(s.channel_created("c", later).await.unwrap(), first);
+    assert_eq!(s.origin("c", later).await.unwrap(), origin);
     s.append("c", changes("x", 2), None, later).await.unwrap();
-    assert_eq!(s.channel_created("c", later).await.unwrap(), first);
-    assert_eq!(s.channel_created("d", later).await.unwrap(), later);
+    assert_eq!(s.origin("c", later).await.unwrap(), origin);
+    let other = s.origin("d", later).await.unwrap();
+    assert_eq!(other.created, later);
+    assert_ne!(other.epoch, origin.epoch, "each log has its own epoch");
     drop(s);
-    assert_eq!(e.open().channel_created("c", later).await.unwrap(), first);
+    assert_eq!(e.open().origin("c", later).await.unwrap(), origin);
 }
 
 pub async fn the_index_remembers_who_sent_each_resource(e: &dyn Engine) {
@@ -740,7 +745,7 @@ macro_rules! contract_tests {
                 retention_never_trims_the_index,
                 retention_drops_only_whole_closed_lists,
                 the_index_remembers_who_sent_each_resource,
-                channel_start_is_recorded_once,
+                channel_origin_is_recorded_once,
                 resource_marks_cut_the_index_into_pages,
                 index_matches_the_log_after_concurrent_appends,
             );

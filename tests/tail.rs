@@ -26,6 +26,7 @@ fn tail_command(args: &[&str]) -> tokio::process::Command {
     for var in [
         "CHANGEHUB_TAIL_CHANNEL",
         "CHANGEHUB_TAIL_SINCE",
+        "CHANGEHUB_TAIL_EPOCH",
         "CHANGEHUB_TAIL_TOKEN",
         "CHANGEHUB_TAIL_ONCE",
         "CHANGEHUB_TAIL_URL",
@@ -590,4 +591,189 @@ fn dump_frames(checked: &[serde_json::Value]) {
         let lines: String = checked.iter().map(|c| format!("{c}\n")).collect();
         std::fs::write(&path, lines).unwrap();
     }
+}
+
+/// The frames a websocket subscription gets until `caught_up` and seq `last`.
+async fn ws_until(url: &str, subscribe: serde_json::Value, last: u64) -> Vec<serde_json::Value> {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let (mut ws, _) =
+        tokio_tungstenite::connect_async(format!("{}/ws", url.replace("http://", "ws://")))
+            .await
+            .unwrap();
+    ws.send(Message::Text(subscribe.to_string().into()))
+        .await
+        .unwrap();
+    let mut frames = Vec::new();
+    loop {
+        let msg = tokio::time::timeout(WAIT, ws.next())
+            .await
+            .expect("a frame in time")
+            .expect("the connection stays open")
+            .unwrap();
+        let Message::Text(text) = msg else { continue };
+        let frame: serde_json::Value = serde_json::from_str(&text).unwrap();
+        frames.push(frame);
+        let caught_up = frames.iter().any(|f| f["type"] == "caught_up");
+        let seen = frames
+            .iter()
+            .filter_map(|f| f["changes"].as_array()?.last()?["seq"].as_u64())
+            .max()
+            .unwrap_or(0);
+        if caught_up && seen >= last {
+            return frames;
+        }
+    }
+}
+
+/// Stream identity: the hub's data is wiped and it starts again with 2 changes. Followers that
+/// had seq 5 of the old log notice — the websocket (`reset`, reason `ahead`, or `epoch` when
+/// they give their epoch), server-sent events (`reset`), `changes?after=` (409 with the head
+/// and the epoch) and `changehub tail` — and get the new log from its beginning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_hub_is_noticed_by_every_follower() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut hub = TestHub::start_in(data.clone(), |_| {}).await;
+    hub.push("old", 5).await;
+    let old = ws_until(
+        &hub.url,
+        serde_json::json!({"op": "subscribe", "channel": CHANNEL, "since": 0}),
+        5,
+    )
+    .await;
+    let caught_up = old.iter().find(|f| f["type"] == "caught_up").unwrap();
+    let old_epoch = caught_up["epoch"].as_str().unwrap().to_string();
+    assert_eq!(
+        old[0]["epoch"],
+        old_epoch.as_str(),
+        "subscribed carries the epoch"
+    );
+    let addr = hub.addr;
+    hub.stop().await;
+
+    std::fs::remove_dir_all(&data).unwrap();
+    let _stop = restart_at(addr, data.clone()).await;
+    let url = format!("http://{addr}");
+    wait_until("the hub is back", WAIT, || async {
+        reqwest::get(format!("{url}/readyz"))
+            .await
+            .is_ok_and(|r| r.status().is_success())
+    })
+    .await;
+    let client = reqwest::Client::new();
+    let push = client
+        .post(format!("{url}/channels/{CHANNEL}/changes"))
+        .bearer_auth(TOKEN)
+        .json(&serde_json::json!([
+            {"loc": "http://example.com/new/0", "change": "created"},
+            {"loc": "http://example.com/new/1", "change": "created"},
+        ]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(push.status(), 202);
+
+    // The websocket: ahead of the head, and of another epoch.
+    for (subscribe, reason) in [
+        (
+            serde_json::json!({"op": "subscribe", "channel": CHANNEL, "since": 5}),
+            "ahead",
+        ),
+        (
+            serde_json::json!({"op": "subscribe", "channel": CHANNEL, "since": 1, "epoch": old_epoch}),
+            "epoch",
+        ),
+    ] {
+        let frames = ws_until(&url, subscribe, 2).await;
+        let reset = frames
+            .iter()
+            .find(|f| f["type"] == "reset")
+            .expect("a reset");
+        assert_eq!(reset["reason"], reason, "{frames:?}");
+        assert_eq!(
+            (reset["oldest"].as_u64(), reset["last"].as_u64()),
+            (Some(1), Some(2))
+        );
+        let new_epoch = reset["epoch"].as_str().unwrap();
+        assert_ne!(new_epoch, old_epoch);
+        let seqs: Vec<u64> = frames
+            .iter()
+            .filter(|f| f["type"] == "notification")
+            .flat_map(|f| {
+                f["changes"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|c| c["seq"].as_u64().unwrap())
+            })
+            .collect();
+        assert_eq!(seqs, [1, 2], "the new log from its beginning");
+    }
+    // A cursor of this epoch that is not ahead is continued as always.
+    let frames = ws_until(
+        &url,
+        serde_json::json!({"op": "subscribe", "channel": CHANNEL, "since": 1}),
+        2,
+    )
+    .await;
+    assert!(frames.iter().all(|f| f["type"] != "reset"), "{frames:?}");
+
+    // Server-sent events with Last-Event-ID 5.
+    let mut sse = client
+        .get(format!("{url}/channels/{CHANNEL}/events"))
+        .header("last-event-id", "5")
+        .send()
+        .await
+        .unwrap();
+    let mut text = String::new();
+    while !(text.contains("event: caught_up") && text.contains("id: 2")) {
+        let chunk = tokio::time::timeout(WAIT, sse.chunk())
+            .await
+            .expect("SSE in time")
+            .unwrap()
+            .expect("SSE open");
+        text.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+    assert!(text.contains("\"reason\":\"ahead\""), "{text}");
+    assert!(text.contains("event: reset\nid: 0\n"), "{text}");
+    assert!(text.contains("id: 2"), "{text}");
+
+    // changes?after=5: 409 with the head and the epoch.
+    let resp = client
+        .get(format!("{url}/channels/{CHANNEL}/changes?after=5"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 409);
+    let body: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(body["last"], 2);
+    assert_ne!(body["epoch"], old_epoch.as_str());
+    let resp = client
+        .get(format!(
+            "{url}/channels/{CHANNEL}/changes?after=1&epoch={old_epoch}"
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 409, "a cursor of the old epoch");
+
+    // tail reports it and prints the new log.
+    let (ok, stdout, stderr) = tail_to_end(&[
+        "--channel",
+        CHANNEL,
+        "--since",
+        "5",
+        "--epoch",
+        &old_epoch,
+        "--once",
+        &url,
+    ])
+    .await;
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains(&format!("reset {CHANNEL} epoch oldest=1")),
+        "{stderr}"
+    );
+    assert_eq!(seqs(&stdout), [1, 2]);
 }

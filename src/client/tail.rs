@@ -47,6 +47,11 @@ pub struct TailArgs {
     /// retains). Without it, only changes published from now on.
     #[arg(long, env = "CHANGEHUB_TAIL_SINCE")]
     pub since: Option<u64>,
+    /// The epoch `--since` belongs to (printed with `subscribed`, `caught_up` and `reset`):
+    /// when the channel's log has another one, the hub says so (`reset … epoch`) and replays
+    /// from its oldest retained change.
+    #[arg(long, env = "CHANGEHUB_TAIL_EPOCH")]
+    pub epoch: Option<String>,
     /// Read token of a private channel.
     #[arg(long, env = "CHANGEHUB_TAIL_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
@@ -68,6 +73,7 @@ pub async fn run(args: TailArgs, stop: impl Future<Output = ()>) -> anyhow::Resu
         args.channel
     );
     let mut follow = Follow::new(&args.channel, args.since, args.once);
+    follow.epoch = args.epoch.clone();
     let result = tokio::select! {
         result = follow_loop(&endpoint, args.token.as_deref(), &mut follow) => result,
         () = stop => Ok(()),
@@ -207,6 +213,8 @@ enum ServerFrame {
         channel: String,
         since: Option<u64>,
         cursor: u64,
+        #[serde(default)]
+        epoch: Option<String>,
     },
     Notification {
         channel: String,
@@ -215,10 +223,16 @@ enum ServerFrame {
     CaughtUp {
         channel: String,
         seq: u64,
+        #[serde(default)]
+        epoch: Option<String>,
     },
     Reset {
         channel: String,
         oldest: u64,
+        #[serde(default)]
+        reason: Option<String>,
+        #[serde(default)]
+        epoch: Option<String>,
         #[serde(default)]
         message: String,
     },
@@ -265,6 +279,8 @@ struct Follow {
     /// The last seq printed (or the cursor the hub started a live-only subscription at, or the
     /// `--since` given); `None` only before the first live-only subscription.
     cursor: Option<u64>,
+    /// The epoch of the log the cursor belongs to, once known; sent back when resubscribing.
+    epoch: Option<String>,
     once: bool,
 }
 
@@ -273,6 +289,7 @@ impl Follow {
         Follow {
             channel: channel.to_string(),
             cursor: since,
+            epoch: None,
             once,
         }
     }
@@ -281,6 +298,9 @@ impl Follow {
         let mut frame = serde_json::json!({"op": "subscribe", "channel": self.channel});
         if let Some(since) = self.cursor {
             frame["since"] = since.into();
+            if let Some(epoch) = &self.epoch {
+                frame["epoch"] = epoch.as_str().into();
+            }
         }
         if let Some(token) = token {
             frame["token"] = token.into();
@@ -309,10 +329,18 @@ impl Follow {
                 channel,
                 since,
                 cursor,
+                epoch,
             } if channel == self.channel => {
+                let of = epoch
+                    .as_deref()
+                    .map(|e| format!(" epoch={e}"))
+                    .unwrap_or_default();
                 match since {
-                    Some(since) => eprintln!("subscribed {channel} since={since}"),
-                    None => eprintln!("subscribed {channel} live from seq {cursor}"),
+                    Some(since) => eprintln!("subscribed {channel} since={since}{of}"),
+                    None => eprintln!("subscribed {channel} live from seq {cursor}{of}"),
+                }
+                if self.epoch.is_none() {
+                    self.epoch = epoch;
                 }
                 if self.cursor.is_none() {
                     self.cursor = Some(cursor);
@@ -323,8 +351,19 @@ impl Follow {
                 self.print(&changes, out)?;
                 Ok(Step::Continue)
             }
-            ServerFrame::CaughtUp { channel, seq } if channel == self.channel => {
-                eprintln!("caught_up {channel} seq={seq}");
+            ServerFrame::CaughtUp {
+                channel,
+                seq,
+                epoch,
+            } if channel == self.channel => {
+                let of = epoch
+                    .as_deref()
+                    .map(|e| format!(" epoch={e}"))
+                    .unwrap_or_default();
+                eprintln!("caught_up {channel} seq={seq}{of}");
+                if epoch.is_some() {
+                    self.epoch = epoch;
+                }
                 Ok(if self.once {
                     Step::Done
                 } else {
@@ -334,11 +373,21 @@ impl Follow {
             ServerFrame::Reset {
                 channel,
                 oldest,
+                reason,
+                epoch,
                 message,
             } if channel == self.channel => {
-                eprintln!("reset {channel} oldest={oldest}: {message}");
-                // The changes before `oldest` are gone; the next one printed is `oldest`.
+                let reason = reason.as_deref().unwrap_or("retention");
+                let of = epoch
+                    .as_deref()
+                    .map(|e| format!(" epoch={e}"))
+                    .unwrap_or_default();
+                eprintln!("reset {channel} {reason} oldest={oldest}{of}: {message}");
+                // The replay goes on from `oldest`: the next change printed is `oldest`.
                 self.cursor = Some(oldest.saturating_sub(1));
+                if epoch.is_some() {
+                    self.epoch = epoch;
+                }
                 Ok(Step::Continue)
             }
             ServerFrame::Unsubscribed { channel } if channel == self.channel => Ok(
@@ -478,6 +527,31 @@ mod tests {
         assert_eq!(f.cursor, Some(99));
         let caught_up = r#"{"type":"caught_up","channel":"news","seq":99}"#;
         assert_eq!(f.on_frame(caught_up, &mut out).unwrap(), Step::Done);
+    }
+
+    #[test]
+    fn the_epoch_is_kept_and_sent_back_with_the_cursor() {
+        let mut f = Follow::new("news", Some(3), false);
+        let mut out = Vec::new();
+        f.on_frame(
+            r#"{"type":"caught_up","channel":"news","seq":3,"epoch":"00000000000000aa"}"#,
+            &mut out,
+        )
+        .unwrap();
+        assert_eq!(
+            f.subscribe_frame(None),
+            r#"{"channel":"news","epoch":"00000000000000aa","op":"subscribe","since":3}"#
+        );
+        // The hub's log started again: the new epoch, and the cursor back to its start.
+        f.on_frame(
+            r#"{"type":"reset","channel":"news","reason":"ahead","oldest":1,"last":2,"epoch":"00000000000000bb","message":"m"}"#,
+            &mut out,
+        )
+        .unwrap();
+        assert_eq!(f.cursor, Some(0));
+        assert_eq!(f.epoch.as_deref(), Some("00000000000000bb"));
+        f.on_frame(&notification(1..=2), &mut out).unwrap();
+        assert_eq!(printed(&out), [1, 2]);
     }
 
     #[test]

@@ -10,39 +10,72 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
+use std::sync::Arc;
 
 use super::{read_token, ApiError, AppState};
 use crate::auth;
-use crate::catchup::{self, CatchupError, DEFAULT_PAGE, MAX_LIST};
+use crate::batcher::ChannelFeed;
+use crate::catchup::{self, CatchupError, Log, DEFAULT_PAGE, MAX_LIST};
 use crate::external;
 use crate::model::Lists;
 use crate::net;
+use crate::store::Origin;
 
-/// The topic URL of channel `name` — a hosted channel, or the internal channel of an external
-/// topic — and how its log is cut into Change Lists, when the request may read it (private
-/// channels need their read token).
-fn readable(
-    state: &AppState,
-    name: &str,
-    headers: &HeaderMap,
-    token: Option<&str>,
-) -> Result<(String, Lists), ApiError> {
-    if let Some(channel) = state.config.channels.get(name) {
-        if !auth::can_read(channel, read_token(headers, token)) {
-            return Err(ApiError::unauthorized(
-                "this channel is private: give its read token",
-            ));
+/// A channel a request may read: a hosted channel, or the internal channel of an external
+/// topic (private channels need their read token).
+struct Readable {
+    /// Its topic URL (for an external topic, the external URL).
+    topic: String,
+    /// How its log is cut into Change Lists.
+    lists: Lists,
+    feed: Arc<ChannelFeed>,
+}
+
+impl Readable {
+    fn new(
+        state: &AppState,
+        name: &str,
+        headers: &HeaderMap,
+        token: Option<&str>,
+    ) -> Result<Readable, ApiError> {
+        let no_channel = || ApiError::not_found(format!("no channel {name:?}"));
+        if let Some(channel) = state.config.channels.get(name) {
+            if !auth::can_read(channel, read_token(headers, token)) {
+                return Err(ApiError::unauthorized(
+                    "this channel is private: give its read token",
+                ));
+            }
+            return Ok(Readable {
+                topic: state.config.urls.topic(name),
+                lists: Lists {
+                    size: channel.retention.list_size,
+                },
+                feed: state.feeds.get(name).cloned().ok_or_else(no_channel)?,
+            });
         }
-        let lists = Lists {
-            size: channel.retention.list_size,
-        };
-        return Ok((state.config.urls.topic(name), lists));
+        let topic = state.external.by_channel(name).ok_or_else(no_channel)?;
+        Ok(Readable {
+            topic: topic.url.clone(),
+            lists: external::LISTS,
+            feed: topic.feed.clone(),
+        })
     }
-    state
-        .external
-        .by_channel(name)
-        .map(|t| (t.url.clone(), external::LISTS))
-        .ok_or_else(|| ApiError::not_found(format!("no channel {name:?}")))
+
+    /// The origin of the channel's log (its epoch).
+    async fn origin<'a>(&'a self, state: &AppState) -> Result<&'a Origin, ApiError> {
+        Ok(self.feed.origin(state.store.as_ref()).await?)
+    }
+
+    /// What the documents of the channel are rendered from.
+    fn log<'a>(&'a self, state: &'a AppState, origin: &'a Origin) -> Log<'a> {
+        Log {
+            store: state.store.as_ref(),
+            urls: &state.config.urls,
+            channel: &self.feed.name,
+            lists: self.lists,
+            origin,
+        }
+    }
 }
 
 impl From<CatchupError> for ApiError {
@@ -54,6 +87,14 @@ impl From<CatchupError> for ApiError {
             },
             CatchupError::BadPage(reason) => ApiError::bad_request(reason),
             CatchupError::NotFound(reason) => ApiError::not_found(reason),
+            CatchupError::NotThisLog {
+                reason,
+                last,
+                epoch,
+            } => ApiError {
+                position: Some((last, epoch)),
+                ..ApiError::new(StatusCode::CONFLICT, reason)
+            },
             CatchupError::Store(e) => ApiError::from(e),
         }
     }
@@ -99,16 +140,16 @@ pub async fn changelist(
     Query(q): Query<TokenQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let (topic, lists) = readable(&state, &name, &headers, q.token.as_deref())?;
-    let etag = catchup::etag(state.store.as_ref(), &name, lists).await?;
+    let channel = Readable::new(&state, &name, &headers, q.token.as_deref())?;
+    let origin = channel.origin(&state).await?;
+    let log = channel.log(&state, origin);
+    let etag = catchup::etag(log).await?;
     let mut response = if matches(&headers, &etag) {
         StatusCode::NOT_MODIFIED.into_response()
     } else {
-        let body =
-            catchup::changelist(state.store.as_ref(), &state.config.urls, &name, lists).await?;
-        xml(body)
+        xml(catchup::changelist(log).await?)
     };
-    let links = net::hub_links(&state.config.urls.hub(), &topic);
+    let links = net::hub_links(&state.config.urls.hub(), &channel.topic);
     set_header(&mut response, http::header::LINK, &links);
     set_header(&mut response, http::header::ETAG, &etag);
     set_header(&mut response, http::header::CACHE_CONTROL, "no-cache");
@@ -123,7 +164,8 @@ pub async fn closed_list(
     Query(q): Query<TokenQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    readable(&state, &name, &headers, q.token.as_deref())?;
+    let channel = Readable::new(&state, &name, &headers, q.token.as_deref())?;
+    let origin = channel.origin(&state).await?;
     let (first, last) = range
         .strip_suffix(".xml")
         .and_then(|r| r.split_once('-'))
@@ -133,9 +175,8 @@ pub async fn closed_list(
                 "{range:?} is not a closed Change List: they are named FIRST-LAST.xml"
             ))
         })?;
-    let etag = format!("\"{first}-{last}\"");
-    let body =
-        catchup::closed_list(state.store.as_ref(), &state.config.urls, &name, first, last).await?;
+    let etag = format!("\"{}-{first}-{last}\"", origin.epoch);
+    let body = catchup::closed_list(channel.log(&state, origin), first, last).await?;
     let mut response = if matches(&headers, &etag) {
         StatusCode::NOT_MODIFIED.into_response()
     } else {
@@ -164,7 +205,8 @@ pub async fn archive(
     Query(q): Query<ArchiveQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let (_, lists) = readable(&state, &name, &headers, q.token.as_deref())?;
+    let channel = Readable::new(&state, &name, &headers, q.token.as_deref())?;
+    let origin = channel.origin(&state).await?;
     let page = match q.page.as_deref() {
         None => None,
         Some(p) => Some(
@@ -174,8 +216,7 @@ pub async fn archive(
                 .ok_or_else(|| ApiError::bad_request("page must be a number from 1"))?,
         ),
     };
-    let body =
-        catchup::archive(state.store.as_ref(), &state.config.urls, &name, lists, page).await?;
+    let body = catchup::archive(channel.log(&state, origin), page).await?;
     let mut response = xml(body);
     set_header(&mut response, http::header::CACHE_CONTROL, "no-cache");
     Ok(response)
@@ -184,6 +225,8 @@ pub async fn archive(
 #[derive(Debug, Deserialize)]
 pub struct AfterQuery {
     after: Option<String>,
+    /// The epoch the cursor belongs to (409 when it is not this log's).
+    epoch: Option<String>,
     limit: Option<String>,
     token: Option<String>,
 }
@@ -195,7 +238,8 @@ pub async fn changes_after(
     Query(q): Query<AfterQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let (topic, _) = readable(&state, &name, &headers, q.token.as_deref())?;
+    let channel = Readable::new(&state, &name, &headers, q.token.as_deref())?;
+    let origin = channel.origin(&state).await?;
     let after = match q.after.as_deref() {
         None => 0,
         Some(s) => s
@@ -213,15 +257,9 @@ pub async fn changes_after(
             }
         },
     };
-    let page = catchup::changes_after(
-        state.store.as_ref(),
-        &state.config.urls,
-        &name,
-        after,
-        limit,
-    )
-    .await?;
-    let mut links = net::hub_links(&state.config.urls.hub(), &topic);
+    let log = channel.log(&state, origin);
+    let page = catchup::changes_after(log, after, limit, q.epoch.as_deref()).await?;
+    let mut links = net::hub_links(&state.config.urls.hub(), &channel.topic);
     if let Some(next) = &page.next {
         links.push_str(&format!(", <{next}>; rel=\"next\""));
     }
@@ -255,14 +293,15 @@ pub async fn resource_list(
     Query(q): Query<PageQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    readable(&state, &name, &headers, q.token.as_deref())?;
+    let channel = Readable::new(&state, &name, &headers, q.token.as_deref())?;
+    let origin = channel.origin(&state).await?;
+    let log = channel.log(&state, origin);
     let after = seq_param("after", q.after.as_deref())?;
     let upto = seq_param("upto", q.upto.as_deref())?;
-    let (store, urls) = (state.store.as_ref(), &state.config.urls);
     let snapshot = match (after, upto) {
-        (None, None) => catchup::resource_list(store, urls, &name).await?,
+        (None, None) => catchup::resource_list(log).await?,
         (None, Some(_)) => return Err(ApiError::bad_request("upto needs after")),
-        (Some(after), upto) => catchup::resource_list_page(store, urls, &name, after, upto).await?,
+        (Some(after), upto) => catchup::resource_list_page(log, after, upto).await?,
     };
     let mut response = xml(snapshot.body);
     set_header(
@@ -281,7 +320,7 @@ pub async fn capability_list(
     Query(q): Query<TokenQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    readable(&state, &name, &headers, q.token.as_deref())?;
+    Readable::new(&state, &name, &headers, q.token.as_deref())?;
     Ok(xml(catchup::capability_list(&state.config.urls, &name)))
 }
 

@@ -17,6 +17,8 @@ pub struct ApiError {
     pub reason: String,
     pub index: Option<usize>,
     pub oldest: Option<u64>,
+    /// A log's newest seq and epoch (409 for a cursor that is not of this log).
+    pub position: Option<(u64, String)>,
 }
 
 impl ApiError {
@@ -26,6 +28,7 @@ impl ApiError {
             reason: reason.into(),
             index: None,
             oldest: None,
+            position: None,
         }
     }
 
@@ -61,6 +64,10 @@ impl IntoResponse for ApiError {
         if let Some(oldest) = self.oldest {
             body["oldest"] = oldest.into();
         }
+        if let Some((last, epoch)) = &self.position {
+            body["last"] = (*last).into();
+            body["epoch"] = epoch.as_str().into();
+        }
         let mut response = (self.status, Json(body)).into_response();
         let headers = response.headers_mut();
         if self.status == StatusCode::UNAUTHORIZED {
@@ -78,6 +85,14 @@ impl IntoResponse for ApiError {
         if let Some(oldest) = self.oldest {
             if let Ok(v) = http::HeaderValue::from_str(&oldest.to_string()) {
                 headers.insert("x-changehub-oldest", v);
+            }
+        }
+        if let Some((last, epoch)) = &self.position {
+            if let Ok(v) = http::HeaderValue::from_str(&last.to_string()) {
+                headers.insert("x-changehub-last", v);
+            }
+            if let Ok(v) = http::HeaderValue::from_str(epoch) {
+                headers.insert("x-changehub-epoch", v);
             }
         }
         response

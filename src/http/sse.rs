@@ -21,6 +21,8 @@ use crate::live::frames;
 pub struct EventsQuery {
     since: Option<String>,
     token: Option<String>,
+    /// The epoch `since` (or `Last-Event-ID`) belongs to.
+    epoch: Option<String>,
 }
 
 /// `GET /channels/{name}/events`
@@ -55,14 +57,14 @@ pub async fn events(
         .get(&name)
         .cloned()
         .ok_or_else(|| ApiError::not_found(format!("no channel {name:?}")))?;
-    let follower = Follower::new(feed, state.store.clone(), since);
+    let follower = Follower::new(feed, state.store.clone(), since, query.epoch.clone());
     let open = (follower, SseGuard::new(&state.connections));
     let stream = futures_util::stream::unfold(open, move |(mut follower, guard)| {
         let name = name.clone();
         async move {
             match follower.next().await {
                 Ok(Some(event)) => Some((
-                    Ok::<_, Infallible>(sse_event(&name, &event)),
+                    Ok::<_, Infallible>(sse_event(&name, &event, follower.epoch())),
                     (follower, guard),
                 )),
                 Ok(None) => None,
@@ -79,8 +81,8 @@ pub async fn events(
         .into_response())
 }
 
-fn sse_event(channel: &str, event: &Event) -> SseEvent {
-    let data = frames::event(channel, event);
+fn sse_event(channel: &str, event: &Event, epoch: Option<&str>) -> SseEvent {
+    let data = frames::event(channel, event, epoch);
     let sse = SseEvent::default().data(data);
     match event {
         Event::Replay(_) | Event::Live(..) => sse.event("notification").id(event
@@ -90,6 +92,7 @@ fn sse_event(channel: &str, event: &Event) -> SseEvent {
             .unwrap_or(0)
             .to_string()),
         Event::CaughtUp(_) => sse.event("caught_up"),
-        Event::Reset { .. } => sse.event("reset"),
+        // The id moves to where the replay goes on, so a reconnection resumes from there.
+        Event::Reset { oldest, .. } => sse.event("reset").id((oldest - 1).to_string()),
     }
 }

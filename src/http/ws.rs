@@ -382,7 +382,8 @@ impl Connection {
                 channel,
                 since,
                 token,
-            } => self.subscribe(channel, since, token),
+                epoch,
+            } => self.subscribe(channel, since, token, epoch),
             frames::ClientFrame::Unsubscribe { channel } => {
                 match self.subscriptions.remove(&channel) {
                     Some(task) => {
@@ -399,7 +400,13 @@ impl Connection {
         }
     }
 
-    fn subscribe(&mut self, channel: String, since: Option<u64>, token: Option<String>) {
+    fn subscribe(
+        &mut self,
+        channel: String,
+        since: Option<u64>,
+        token: Option<String>,
+        epoch: Option<String>,
+    ) {
         let state = &self.state;
         let Some(config) = state.config.channels.get(&channel) else {
             return self.reply(frames::error(
@@ -434,8 +441,14 @@ impl Connection {
         if let Some(old) = self.subscriptions.remove(&channel) {
             old.abort();
         }
-        let follower = Follower::new(feed, state.store.clone(), since);
-        self.reply(frames::subscribed(&channel, since, follower.cursor()));
+        let known = feed.known_origin().map(|o| o.epoch.clone());
+        let follower = Follower::new(feed, state.store.clone(), since, epoch);
+        self.reply(frames::subscribed(
+            &channel,
+            since,
+            follower.cursor(),
+            known.as_deref(),
+        ));
         self.written.insert(channel.clone(), follower.cursor());
         let task = tokio::spawn(follow(
             follower,
@@ -476,7 +489,7 @@ async fn follow(
         let last = event.changes().last().map(|c| (channel.clone(), c.seq));
         let frame = match &event {
             Event::Live(n, 0) => connections.live_frame(n),
-            _ => frames::event(&channel, &event).into(),
+            _ => frames::event(&channel, &event, follower.epoch()).into(),
         };
         let frame = Out(frame, last);
         if matches!(event, Event::Live(..)) {

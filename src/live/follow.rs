@@ -27,8 +27,35 @@ pub enum Event {
     Live(Arc<Notification>, usize),
     /// The replay reached the published seq: from now on, live.
     CaughtUp(u64),
-    /// The cursor was older than retention; replay continues from `oldest`.
-    Reset { oldest: u64 },
+    /// The cursor cannot be continued (`reason`); replay continues from `oldest`. `last` is
+    /// the log's newest seq.
+    Reset {
+        oldest: u64,
+        last: u64,
+        reason: ResetReason,
+    },
+}
+
+/// Why a cursor could not be continued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResetReason {
+    /// It is older than retention: the changes after it are gone.
+    Retention,
+    /// It is beyond the newest seq: not a seq of this log (the log was started again, or the
+    /// cursor is of another channel or hub).
+    Ahead,
+    /// It is of another epoch of the log.
+    Epoch,
+}
+
+impl ResetReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResetReason::Retention => "retention",
+            ResetReason::Ahead => "ahead",
+            ResetReason::Epoch => "epoch",
+        }
+    }
 }
 
 impl Event {
@@ -49,12 +76,24 @@ pub struct Follower {
     /// The last seq handed out.
     cursor: u64,
     replaying: bool,
+    /// The epoch the client's cursor belongs to (checked once, then the log's epoch).
+    epoch: Option<String>,
+    /// Whether the cursor was checked against the log (its epoch, its newest seq).
+    checked: bool,
+    /// The cursor the client gave (`None`: live only).
+    since: Option<u64>,
 }
 
 impl Follower {
     /// Follows `feed` from `since` (the last seq the client has; `None`: live only, which
-    /// starts with an immediate `CaughtUp`).
-    pub fn new(feed: Arc<ChannelFeed>, store: Arc<dyn Store>, since: Option<u64>) -> Follower {
+    /// starts with an immediate `CaughtUp`). `epoch`: the epoch that cursor belongs to, when
+    /// the client knows it; a cursor of another epoch, or beyond the newest seq, is reset.
+    pub fn new(
+        feed: Arc<ChannelFeed>,
+        store: Arc<dyn Store>,
+        since: Option<u64>,
+        epoch: Option<String>,
+    ) -> Follower {
         let live = feed.live();
         let cursor = since.unwrap_or_else(|| feed.published_seq());
         Follower {
@@ -63,7 +102,40 @@ impl Follower {
             live,
             cursor,
             replaying: true,
+            epoch,
+            checked: false,
+            since,
         }
+    }
+
+    /// The epoch of the log being followed, once the first event was taken.
+    pub fn epoch(&self) -> Option<&str> {
+        self.epoch.as_deref().filter(|_| self.checked)
+    }
+
+    /// The first step: a cursor that is not of this log (another epoch, or beyond its newest
+    /// seq) is reset to the beginning of what is retained.
+    async fn check(&mut self) -> Result<Option<Event>, StoreError> {
+        let origin = self.feed.origin(self.store.as_ref()).await?;
+        let given = self.epoch.replace(origin.epoch.clone());
+        self.checked = true;
+        let reason = if given.is_some_and(|e| e != origin.epoch) {
+            ResetReason::Epoch
+        } else {
+            let head = self.store.head(&self.feed.name).await?;
+            match self.since {
+                Some(since) if since > head.last => ResetReason::Ahead,
+                _ => return Ok(None),
+            }
+        };
+        let head = self.store.head(&self.feed.name).await?;
+        self.cursor = head.oldest - 1;
+        self.replaying = true;
+        Ok(Some(Event::Reset {
+            oldest: head.oldest,
+            last: head.last,
+            reason,
+        }))
     }
 
     /// The last seq handed out.
@@ -73,6 +145,11 @@ impl Follower {
 
     /// The next event; `Ok(None)` when the channel's feed is gone (shutdown).
     pub async fn next(&mut self) -> Result<Option<Event>, StoreError> {
+        if !self.checked {
+            if let Some(reset) = self.check().await? {
+                return Ok(Some(reset));
+            }
+        }
         loop {
             if self.replaying {
                 let published = self.feed.published_seq();
@@ -85,6 +162,8 @@ impl Follower {
                     self.cursor = head.oldest - 1;
                     return Ok(Some(Event::Reset {
                         oldest: head.oldest,
+                        last: head.last,
+                        reason: ResetReason::Retention,
                     }));
                 }
                 let want = ((published - self.cursor) as usize).min(REPLAY_PAGE);

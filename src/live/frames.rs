@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::follow::Event;
+use super::follow::{Event, ResetReason};
 use crate::model::Notification;
 use crate::model::{format_datetime, Change};
 
@@ -20,6 +20,10 @@ pub enum ClientFrame {
         /// Read token of a private channel (or give `?token=` when connecting).
         #[serde(default)]
         token: Option<String>,
+        /// The epoch `since` belongs to (from an earlier `subscribed`, `caught_up` or
+        /// `reset`): a cursor of another epoch is reset.
+        #[serde(default)]
+        epoch: Option<String>,
     },
     Unsubscribe {
         channel: String,
@@ -60,25 +64,50 @@ pub fn whole_notification(n: &Notification) -> String {
     notification(&n.channel, &n.changes)
 }
 
-/// The frame for a follower event.
-pub fn event(channel: &str, ev: &Event) -> String {
+/// The frame for a follower event; `epoch` is the log's (see `Follower::epoch`).
+pub fn event(channel: &str, ev: &Event, epoch: Option<&str>) -> String {
     match ev {
         Event::Live(..) | Event::Replay(_) => notification(channel, ev.changes()),
         Event::CaughtUp(seq) => {
-            json!({"type": "caught_up", "channel": channel, "seq": seq}).to_string()
+            json!({"type": "caught_up", "channel": channel, "seq": seq, "epoch": epoch}).to_string()
         }
-        Event::Reset { oldest } => json!({
-            "type": "reset",
-            "channel": channel,
-            "oldest": oldest,
-            "message": format!("the cursor is older than retention; replay continues from seq {oldest}"),
-        })
-        .to_string(),
+        Event::Reset {
+            oldest,
+            last,
+            reason,
+        } => {
+            let why = match reason {
+                ResetReason::Retention => "the cursor is older than retention".to_string(),
+                ResetReason::Ahead => format!(
+                    "the cursor is beyond the newest seq ({last}) of this log: the log was \
+                     started again, or the cursor is of another channel or hub"
+                ),
+                ResetReason::Epoch => {
+                    "the cursor is of another epoch: the log was started again".to_string()
+                }
+            };
+            json!({
+                "type": "reset",
+                "channel": channel,
+                "reason": reason.as_str(),
+                "oldest": oldest,
+                "last": last,
+                "epoch": epoch,
+                "message": format!("{why}; replay continues from seq {oldest}"),
+            })
+            .to_string()
+        }
     }
 }
 
-pub fn subscribed(channel: &str, since: Option<u64>, cursor: u64) -> String {
-    json!({"type": "subscribed", "channel": channel, "since": since, "cursor": cursor}).to_string()
+/// `subscribed`: `epoch` is the log's, when known.
+pub fn subscribed(channel: &str, since: Option<u64>, cursor: u64, epoch: Option<&str>) -> String {
+    let mut frame =
+        json!({"type": "subscribed", "channel": channel, "since": since, "cursor": cursor});
+    if let Some(epoch) = epoch {
+        frame["epoch"] = epoch.into();
+    }
+    frame.to_string()
 }
 
 pub fn unsubscribed(channel: &str) -> String {

@@ -102,6 +102,8 @@ pub struct ChangeListHeader {
     pub links: Vec<DocLink>,
     /// Written as `ch:first` / `ch:last` attributes on the top-level `rs:md`.
     pub seq_range: Option<(u64, u64)>,
+    /// Written as `ch:epoch` on the top-level `rs:md`: the epoch of the log the seqs belong to.
+    pub epoch: Option<String>,
 }
 
 /// The document-level part of a Resource List (or of its index): when the snapshot began and
@@ -116,6 +118,8 @@ pub struct ResourceListHeader {
     /// Written as `ch:seq`: every change up to this seq is reflected, so a destination goes on
     /// with the changes after it.
     pub seq: Option<u64>,
+    /// Written as `ch:epoch`: the epoch of the log that seq belongs to.
+    pub epoch: Option<String>,
 }
 
 /// One `<sitemap>` of a Change List Index: a Change List and the interval it covers

@@ -89,6 +89,7 @@ fn changelist_model() -> (ChangeListHeader, Vec<Change>) {
             ),
         ],
         seq_range: Some((1, 4)),
+        epoch: Some("5f3a9c0d2b7e4a61".into()),
     };
     let changes = vec![
         Change {
@@ -163,6 +164,7 @@ fn notification_model() -> (ChangeListHeader, Vec<Change>) {
             ),
         ],
         seq_range: Some((41, 43)),
+        epoch: Some("5f3a9c0d2b7e4a61".into()),
     };
     let changes = vec![
         Change {
@@ -207,6 +209,7 @@ fn index_model() -> (ChangeListHeader, Vec<IndexEntry>) {
             "http://example.com/dataset1/capabilitylist.xml",
         )],
         seq_range: None,
+        epoch: None,
     };
     let entry = |loc: &str, from: &str, until: Option<&str>| IndexEntry {
         loc: loc.into(),
@@ -450,6 +453,7 @@ fn other_producer_1_0_with_prefixes() {
                 "http://example.org/dataset1/capabilitylist.xml"
             )],
             seq_range: None,
+            epoch: None,
         }
     );
     let new = |loc: &str, change: ChangeType, datetime: &str| NewChange {

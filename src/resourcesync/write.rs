@@ -300,6 +300,9 @@ impl Out {
             self.u64_attr("ch:first", first);
             self.u64_attr("ch:last", last);
         }
+        if let Some(epoch) = &header.epoch {
+            self.attr("ch:epoch", epoch);
+        }
         self.raw("/>\n");
     }
 
@@ -309,6 +312,9 @@ impl Out {
         self.opt_datetime_attr("completed", header.completed);
         if let Some(seq) = header.seq {
             self.u64_attr("ch:seq", seq);
+        }
+        if let Some(epoch) = &header.epoch {
+            self.attr("ch:epoch", epoch);
         }
         self.raw("/>\n");
     }

@@ -73,6 +73,19 @@ impl ChannelHead {
     pub const EMPTY: ChannelHead = ChannelHead { oldest: 1, last: 0 };
 }
 
+/// When a channel began, and the epoch of its log (see [`Store::origin`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Origin {
+    pub created: OffsetDateTime,
+    /// 16 lowercase hex digits, random.
+    pub epoch: String,
+}
+
+/// A new epoch: 16 random lowercase hex digits.
+pub fn new_epoch() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}
+
 /// One page of a channel's resource index (see [`Store::resources`]).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ResourcePage {
@@ -133,13 +146,11 @@ pub trait Store: Send + Sync + 'static {
     /// A receiver of the channel's last durable seq, updated after every append.
     fn watch_head(&self, channel: &str) -> watch::Receiver<u64>;
 
-    /// When `channel` began: recorded as `now` by the first call, the same ever after. An empty
-    /// Change List gives it as its `from`.
-    async fn channel_created(
-        &self,
-        channel: &str,
-        now: OffsetDateTime,
-    ) -> Result<OffsetDateTime, StoreError>;
+    /// When `channel` began and the epoch of its log: recorded by the first call (`now` and
+    /// [`new_epoch`]), the same ever after. An empty Change List gives `created` as its
+    /// `from`; the epoch tells followers whether their cursor is a seq of this log (a store
+    /// whose data was lost starts a new epoch).
+    async fn origin(&self, channel: &str, now: OffsetDateTime) -> Result<Origin, StoreError>;
 
     /// Applies retention to `channel` and forgets expired idempotency keys; returns how many
     /// changes were removed. The newest change is always kept.

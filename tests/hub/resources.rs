@@ -82,7 +82,7 @@ async fn resource_list_shows_the_latest_state_and_the_seq_to_go_on_from() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(seq, Some(5));
     assert!(
-        body.contains("ch:seq=\"5\"/>"),
+        body.contains("ch:seq=\"5\" ch:epoch=\""),
         "the snapshot's seq in the document: {body}"
     );
     assert!(

@@ -185,9 +185,10 @@ impl Worker {
         let Some((first, last, body)) = self.body(sub, range).await? else {
             return ControlFlow::Continue(());
         };
+        let epoch = self.feed.known_origin().map(|o| o.epoch.clone());
         let outcome = tokio::select! {
             _ = self.cancel.cancelled() => return ControlFlow::Break(()),
-            o = deliver(&self.fanout.client, &self.fanout, sub, body, first, last) => o,
+            o = deliver(&self.fanout.client, &self.fanout, sub, body, (first, last), epoch.as_deref()) => o,
         };
         let now = OffsetDateTime::now_utc();
         let start = |at| PendingDelivery {
@@ -231,16 +232,30 @@ impl Worker {
             return ControlFlow::Continue(Some((n.first, n.last, n.body.clone())));
         }
         let limit = (to - from + 1) as usize;
-        match self.fanout.store.read(&self.channel, from - 1, limit).await {
-            Ok(changes) if changes.is_empty() => {
+        let read = async {
+            let epoch = self
+                .feed
+                .origin(self.fanout.store.as_ref())
+                .await?
+                .epoch
+                .clone();
+            let changes = self
+                .fanout
+                .store
+                .read(&self.channel, from - 1, limit)
+                .await?;
+            Ok::<_, crate::store::StoreError>((epoch, changes))
+        };
+        match read.await {
+            Ok((_, changes)) if changes.is_empty() => {
                 // Trimmed by retention before delivery: skip to what is retained.
                 self.state.cursor = to;
                 self.state.pending = None;
                 self.persist(sub).await;
                 ControlFlow::Continue(None)
             }
-            Ok(changes) => {
-                let n = render_notification(&self.fanout.config, &self.channel, changes);
+            Ok((epoch, changes)) => {
+                let n = render_notification(&self.fanout.config, &self.channel, &epoch, changes);
                 ControlFlow::Continue(Some((n.first, n.last, n.body)))
             }
             Err(e) => {
@@ -261,6 +276,7 @@ impl Worker {
             extra_links: &content.links,
             delivery_id: format!("{}-c{}", sub.id, content.version),
             seqs: None,
+            epoch: None,
         };
         let outcome = tokio::select! {
             _ = self.cancel.cancelled() => return ControlFlow::Break(()),

@@ -32,6 +32,8 @@ pub(super) struct Payload<'a> {
     pub(super) delivery_id: String,
     /// The seq range of a Change List notification (`X-Changehub-First` / `-Last`).
     pub(super) seqs: Option<(u64, u64)>,
+    /// The epoch of the log those seqs belong to (`X-Changehub-Epoch`).
+    pub(super) epoch: Option<&'a str>,
 }
 
 /// POSTs one notification to the callback.
@@ -40,15 +42,21 @@ pub(super) async fn deliver(
     fanout: &Fanout,
     sub: &Subscription,
     body: Bytes,
-    first: u64,
-    last: u64,
+    (first, last): (u64, u64),
+    epoch: Option<&str>,
 ) -> Outcome {
+    // The epoch is in the id: after the log starts again, the same seqs are other changes.
+    let delivery_id = match epoch {
+        Some(epoch) => format!("{}-{epoch}-{first}-{last}", sub.id),
+        None => format!("{}-{first}-{last}", sub.id),
+    };
     let payload = Payload {
         body,
         content_type: Some("application/xml"),
         extra_links: &[],
-        delivery_id: format!("{}-{first}-{last}", sub.id),
+        delivery_id,
         seqs: Some((first, last)),
+        epoch,
     };
     post(client, fanout, sub, payload).await
 }
@@ -98,6 +106,9 @@ pub(super) async fn post(
         request = request
             .header("X-Changehub-First", first.to_string())
             .header("X-Changehub-Last", last.to_string());
+    }
+    if let Some(epoch) = payload.epoch {
+        request = request.header("X-Changehub-Epoch", epoch);
     }
     if let Some(secret) = &sub.secret {
         request = request.header(

@@ -36,6 +36,12 @@ pub(super) fn top_md(
                         .map_err(|e| ParseError::Header(format!("ch:first: {e}")))?,
                 )
             }
+            (Ns::Hub, "epoch") => {
+                if attr.value.len() > 64 {
+                    return Err(ParseError::Header("ch:epoch is longer than 64".into()));
+                }
+                header.epoch = Some(attr.value.to_string())
+            }
             (Ns::Hub, "last") => {
                 last = Some(
                     number(&attr.value).map_err(|e| ParseError::Header(format!("ch:last: {e}")))?,

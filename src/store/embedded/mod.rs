@@ -23,7 +23,8 @@ use time::OffsetDateTime;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::{
-    Appended, ChannelHead, IdempotencyKey, ResourcePage, Store, StoreError, IDEMPOTENCY_TTL,
+    new_epoch, Appended, ChannelHead, IdempotencyKey, Origin, ResourcePage, Store, StoreError,
+    IDEMPOTENCY_TTL,
 };
 use crate::model::{Change, DeliveryState, NewChange, Retention, Subscription};
 
@@ -52,9 +53,12 @@ struct ChannelMeta {
     /// False for a channel written before the resource index existed (built at open).
     #[serde(default)]
     indexed: bool,
-    /// When the channel began (see `Store::channel_created`).
+    /// When the channel began (see `Store::origin`).
     #[serde(default, with = "time::serde::rfc3339::option")]
     created: Option<OffsetDateTime>,
+    /// The epoch of the log (see `Store::origin`).
+    #[serde(default)]
+    epoch: Option<String>,
 }
 
 impl Default for ChannelMeta {
@@ -66,6 +70,7 @@ impl Default for ChannelMeta {
             resources: 0,
             indexed: true,
             created: None,
+            epoch: None,
         }
     }
 }
@@ -520,35 +525,34 @@ impl Store for EmbeddedStore {
         .await
     }
 
-    async fn channel_created(
-        &self,
-        channel: &str,
-        now: OffsetDateTime,
-    ) -> Result<OffsetDateTime, StoreError> {
-        if let Some(created) = channel_meta(&self.db, channel)?.created {
-            return Ok(created);
+    async fn origin(&self, channel: &str, now: OffsetDateTime) -> Result<Origin, StoreError> {
+        if let ChannelMeta {
+            created: Some(created),
+            epoch: Some(epoch),
+            ..
+        } = channel_meta(&self.db, channel)?
+        {
+            return Ok(Origin { created, epoch });
         }
         let channel = channel.to_string();
         self.blocking(move |db| {
             let txn = db.begin_write().map_err(unavailable)?;
-            let created;
+            let origin;
             {
                 let mut table = txn.open_table(CHANNELS).map_err(unavailable)?;
                 let mut meta = match table.get(channel.as_str()).map_err(unavailable)? {
                     Some(v) => decode::<ChannelMeta>(v.value())?,
                     None => ChannelMeta::default(),
                 };
-                if let Some(known) = meta.created {
-                    return Ok(known);
-                }
-                created = now;
-                meta.created = Some(now);
+                let created = *meta.created.get_or_insert(now);
+                let epoch = meta.epoch.get_or_insert_with(new_epoch).clone();
+                origin = Origin { created, epoch };
                 table
                     .insert(channel.as_str(), encode(&meta)?.as_slice())
                     .map_err(unavailable)?;
             }
             txn.commit().map_err(unavailable)?;
-            Ok(created)
+            Ok(origin)
         })
         .await
     }

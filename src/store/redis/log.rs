@@ -11,7 +11,9 @@ use tokio::sync::watch;
 use super::events::raise;
 use super::{decode, key, timed, RedisStore, EVENTS};
 use crate::model::{Change, ChangeType, Link, NewChange, Retention};
-use crate::store::{Appended, ChannelHead, IdempotencyKey, StoreError, IDEMPOTENCY_TTL};
+use crate::store::{
+    new_epoch, Appended, ChannelHead, IdempotencyKey, Origin, StoreError, IDEMPOTENCY_TTL,
+};
 
 /// Entries read per `XRANGE` while looking for the age cut-off.
 const SCAN_PAGE: usize = 1000;
@@ -246,22 +248,27 @@ pub(super) fn watch_head(store: &RedisStore, channel: &str) -> watch::Receiver<u
 }
 
 /// When `channel` began: `created` in its meta, set by the first call (`HSETNX`).
-pub(super) async fn channel_created(
+pub(super) async fn origin(
     store: &RedisStore,
     channel: &str,
     now: OffsetDateTime,
-) -> Result<OffsetDateTime, StoreError> {
+) -> Result<Origin, StoreError> {
     let mut conn = store.conn();
     let meta = key(channel, "meta");
-    let (_, created): (bool, String) = timed(
+    let (_, _, created, epoch): (bool, bool, String, String) = timed(
         redis::pipe()
             .atomic()
             .hset_nx(&meta, "created", datetime_key(now))
+            .hset_nx(&meta, "epoch", new_epoch())
             .hget(&meta, "created")
+            .hget(&meta, "epoch")
             .query_async(&mut conn),
     )
     .await?;
-    datetime_from_key(&created)
+    Ok(Origin {
+        created: datetime_from_key(&created)?,
+        epoch,
+    })
 }
 
 /// Drops what `retention` no longer keeps (the newest change always stays) and forgets

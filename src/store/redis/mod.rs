@@ -62,7 +62,9 @@ use time::OffsetDateTime;
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::{Appended, ChannelHead, ClusterEvent, IdempotencyKey, ResourcePage, Store, StoreError};
+use super::{
+    Appended, ChannelHead, ClusterEvent, IdempotencyKey, Origin, ResourcePage, Store, StoreError,
+};
 use crate::model::{Change, DeliveryState, NewChange, Retention, Subscription};
 
 mod conn;
@@ -232,12 +234,8 @@ impl Store for RedisStore {
         log::trim(self, channel, retention, now).await
     }
 
-    async fn channel_created(
-        &self,
-        channel: &str,
-        now: OffsetDateTime,
-    ) -> Result<OffsetDateTime, StoreError> {
-        log::channel_created(self, channel, now).await
+    async fn origin(&self, channel: &str, now: OffsetDateTime) -> Result<Origin, StoreError> {
+        log::origin(self, channel, now).await
     }
 
     async fn resources(
