@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::model::{valid_channel_name, Algorithm, Retention, MAX_LIST_SIZE};
+use crate::model::{Algorithm, Retention, MAX_LIST_SIZE};
 use crate::net::Urls;
 
 #[derive(Debug, thiserror::Error)]
@@ -233,61 +233,9 @@ pub enum StoreConfig {
     Redis { url: String },
 }
 
-#[derive(Debug, Clone)]
-pub struct ChannelConfig {
-    pub name: String,
-    /// Who may push changes (ingest), each with a name and a token; the name is recorded as
-    /// the source of every change it sends.
-    pub publishers: Vec<Publisher>,
-    /// When set, the channel is private: reads (websocket, SSE, catch-up) need this token.
-    pub read_token: Option<String>,
-    pub retention: Retention,
-}
-
-/// A publisher of a channel: its name (`[a-z0-9][a-z0-9._-]{0,63}`) and its bearer token.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Publisher {
-    pub name: String,
-    pub token: String,
-}
-
-impl std::fmt::Debug for Publisher {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Publisher")
-            .field("name", &self.name)
-            .field("token", &"…")
-            .finish()
-    }
-}
-
-/// The name of the publisher that `--channel NAME=TOKEN` (or `token` in the file) declares.
-pub const DEFAULT_PUBLISHER: &str = "default";
-
-impl ChannelConfig {
-    /// The channel's only publisher, named [`DEFAULT_PUBLISHER`].
-    pub fn new(name: &str, token: &str) -> ChannelConfig {
-        ChannelConfig {
-            name: name.to_string(),
-            publishers: vec![Publisher {
-                name: DEFAULT_PUBLISHER.into(),
-                token: token.to_string(),
-            }],
-            read_token: None,
-            retention: DEFAULT_RETENTION,
-        }
-    }
-
-    /// Sets the token of publisher `name`, adding it when new.
-    pub fn set_publisher(&mut self, name: &str, token: &str) {
-        match self.publishers.iter_mut().find(|p| p.name == name) {
-            Some(p) => p.token = token.to_string(),
-            None => self.publishers.push(Publisher {
-                name: name.to_string(),
-                token: token.to_string(),
-            }),
-        }
-    }
-}
+/// A hosted channel's settings (see [`crate::model::ChannelSpec`]).
+pub type ChannelConfig = crate::model::ChannelSpec;
+pub use crate::model::{Publisher, DEFAULT_PUBLISHER};
 
 /// Limits of the websocket endpoint.
 #[derive(Debug, Clone, Copy)]
@@ -347,8 +295,10 @@ impl Config {
 
     /// Declares a channel with the default retention.
     pub fn with_channel(mut self, name: &str, token: &str) -> Config {
-        self.channels
-            .insert(name.to_string(), ChannelConfig::new(name, token));
+        self.channels.insert(
+            name.to_string(),
+            ChannelConfig::new(name, token, DEFAULT_RETENTION),
+        );
         self
     }
 
@@ -485,7 +435,7 @@ impl ServeArgs {
                 .or_insert_with(|| ChannelConfig {
                     retention,
                     publishers: Vec::new(),
-                    ..ChannelConfig::new(name, "")
+                    ..ChannelConfig::new(name, "", DEFAULT_RETENTION)
                 });
             entry.set_publisher(DEFAULT_PUBLISHER, token);
         }
@@ -503,7 +453,7 @@ impl ServeArgs {
                 .or_insert_with(|| ChannelConfig {
                     retention,
                     publishers: Vec::new(),
-                    ..ChannelConfig::new(name, "")
+                    ..ChannelConfig::new(name, "", DEFAULT_RETENTION)
                 });
             entry.set_publisher(publisher, token);
         }
@@ -519,38 +469,7 @@ impl ServeArgs {
             channel.read_token = Some(token.to_string());
         }
         for ch in channels.values() {
-            if !valid_channel_name(&ch.name) {
-                return Err(invalid(format!(
-                    "channel name {:?} must match [a-z0-9][a-z0-9._-]{{0,63}}",
-                    ch.name
-                )));
-            }
-            if ch.publishers.is_empty() {
-                return Err(invalid(format!(
-                    "channel {:?} has no publisher: give it a token",
-                    ch.name
-                )));
-            }
-            for (i, p) in ch.publishers.iter().enumerate() {
-                if !valid_channel_name(&p.name) {
-                    return Err(invalid(format!(
-                        "publisher name {:?} of channel {:?} must match [a-z0-9][a-z0-9._-]{{0,63}}",
-                        p.name, ch.name
-                    )));
-                }
-                if p.token.is_empty() {
-                    return Err(invalid(format!(
-                        "publisher {:?} of channel {:?} has an empty token",
-                        p.name, ch.name
-                    )));
-                }
-                if ch.publishers[..i].iter().any(|q| q.token == p.token) {
-                    return Err(invalid(format!(
-                        "publishers of channel {:?} share a token: each needs its own",
-                        ch.name
-                    )));
-                }
-            }
+            ch.check().map_err(invalid)?;
         }
 
         let signature_algorithm = match (self.signature_algorithm, file.signature_algorithm) {

@@ -636,6 +636,34 @@ pub async fn the_index_remembers_who_sent_each_resource(e: &dyn Engine) {
     assert_eq!(a.source.as_deref(), Some("bob"));
 }
 
+pub async fn channels_created_at_runtime_are_stored(e: &dyn Engine) {
+    use changehub::model::ChannelSpec;
+    let s = e.open();
+    assert!(s.stored_channels().await.unwrap().is_empty());
+    assert!(s.stored_channel("x").await.unwrap().is_none());
+    let mut x = ChannelSpec::new("x", "t1", Retention::DEFAULT);
+    x.set_publisher("alice", "t2");
+    x.read_token = Some("r".into());
+    x.retention.max_age = Some(Duration::from_secs(3600));
+    s.put_channel(&x).await.unwrap();
+    s.put_channel(&ChannelSpec::new("y", "t3", Retention::DEFAULT))
+        .await
+        .unwrap();
+    assert_eq!(s.stored_channel("x").await.unwrap().as_ref(), Some(&x));
+    // A change replaces the whole settings.
+    x.publishers.remove(0);
+    s.put_channel(&x).await.unwrap();
+    drop(s);
+    let s = e.open();
+    let mut all = s.stored_channels().await.unwrap();
+    all.sort_by(|a, b| a.name.cmp(&b.name));
+    assert_eq!(all.len(), 2);
+    assert_eq!(all[0], x);
+    assert!(s.delete_channel("y").await.unwrap());
+    assert!(!s.delete_channel("y").await.unwrap());
+    assert_eq!(s.stored_channels().await.unwrap(), vec![x]);
+}
+
 pub async fn retention_drops_only_whole_closed_lists(e: &dyn Engine) {
     let s = e.open();
     let now = at("2024-01-01T00:00:00Z");
@@ -744,6 +772,7 @@ macro_rules! contract_tests {
                 resource_pages_lose_nothing_while_resources_change,
                 retention_never_trims_the_index,
                 retention_drops_only_whole_closed_lists,
+                channels_created_at_runtime_are_stored,
                 the_index_remembers_who_sent_each_resource,
                 channel_origin_is_recorded_once,
                 resource_marks_cut_the_index_into_pages,

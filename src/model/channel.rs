@@ -1,6 +1,116 @@
-//! Channels: their names and how long their changes are kept.
+//! Channels: their names, who may publish to them, who may read them, and how long their
+//! changes are kept.
 
+use serde::{Deserialize, Serialize};
 use std::time::Duration;
+
+/// A hosted channel: declared at start-up (flags, the file) or at runtime through the admin
+/// API (then stored, so that every instance and every restart sees it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChannelSpec {
+    pub name: String,
+    /// Who may push changes (ingest), each with a name and a token; the name is recorded as
+    /// the source of every change it sends. Several at once allow rotating a token.
+    pub publishers: Vec<Publisher>,
+    /// When set, the channel is private: reads (websocket, SSE, catch-up) need this token.
+    #[serde(default)]
+    pub read_token: Option<String>,
+    pub retention: Retention,
+}
+
+/// A publisher of a channel: its name (`[a-z0-9][a-z0-9._-]{0,63}`) and its bearer token.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Publisher {
+    pub name: String,
+    pub token: String,
+}
+
+impl std::fmt::Debug for Publisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Publisher")
+            .field("name", &self.name)
+            .field("token", &"…")
+            .finish()
+    }
+}
+
+/// The name of the publisher that `--channel NAME=TOKEN` (or `token` in the file) declares.
+pub const DEFAULT_PUBLISHER: &str = "default";
+
+impl ChannelSpec {
+    /// A channel with one publisher, named [`DEFAULT_PUBLISHER`].
+    pub fn new(name: &str, token: &str, retention: Retention) -> ChannelSpec {
+        ChannelSpec {
+            name: name.to_string(),
+            publishers: vec![Publisher {
+                name: DEFAULT_PUBLISHER.into(),
+                token: token.to_string(),
+            }],
+            read_token: None,
+            retention,
+        }
+    }
+
+    /// Sets the token of publisher `name`, adding it when new.
+    pub fn set_publisher(&mut self, name: &str, token: &str) {
+        match self.publishers.iter_mut().find(|p| p.name == name) {
+            Some(p) => p.token = token.to_string(),
+            None => self.publishers.push(Publisher {
+                name: name.to_string(),
+                token: token.to_string(),
+            }),
+        }
+    }
+
+    /// What is wrong with this channel's settings, if anything: its name, its publishers
+    /// (at least one; valid names; non-empty tokens, each its own), its retention.
+    pub fn check(&self) -> Result<(), String> {
+        if !valid_channel_name(&self.name) {
+            return Err(format!(
+                "channel name {:?} must match [a-z0-9][a-z0-9._-]{{0,63}}",
+                self.name
+            ));
+        }
+        if self.publishers.is_empty() {
+            return Err(format!(
+                "channel {:?} has no publisher: give it a token",
+                self.name
+            ));
+        }
+        for (i, p) in self.publishers.iter().enumerate() {
+            if !valid_channel_name(&p.name) {
+                return Err(format!(
+                    "publisher name {:?} of channel {:?} must match [a-z0-9][a-z0-9._-]{{0,63}}",
+                    p.name, self.name
+                ));
+            }
+            if p.token.is_empty() {
+                return Err(format!(
+                    "publisher {:?} of channel {:?} has an empty token",
+                    p.name, self.name
+                ));
+            }
+            if self.publishers[..i].iter().any(|q| q.token == p.token) {
+                return Err(format!(
+                    "publishers of channel {:?} share a token: each needs its own",
+                    self.name
+                ));
+            }
+        }
+        if self.read_token.as_deref() == Some("") {
+            return Err(format!("channel {:?} has an empty read token", self.name));
+        }
+        if self.retention.max_changes == 0 {
+            return Err("retain_changes must be at least 1".into());
+        }
+        if !(1..=MAX_LIST_SIZE).contains(&self.retention.list_size) {
+            return Err(format!(
+                "archive_every must be between 1 and {MAX_LIST_SIZE} (changes per closed Change List)"
+            ));
+        }
+        Ok(())
+    }
+}
 
 /// Channel names: `[a-z0-9][a-z0-9._-]{0,63}`.
 pub fn valid_channel_name(name: &str) -> bool {
@@ -20,9 +130,10 @@ pub fn valid_channel_name(name: &str) -> bool {
 /// topic) holds the changes after the last multiple of `list_size`. Retention keeps at least
 /// what `max_changes` and `max_age` ask for and cuts only at the start of a closed list, so no
 /// closed list is ever partly retained. The newest change is always kept.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Retention {
     pub max_changes: u64,
+    #[serde(default, with = "seconds")]
     pub max_age: Option<Duration>,
     /// Changes per closed Change List (at least 1).
     pub list_size: u64,
@@ -44,6 +155,20 @@ impl Retention {
             0 | 1 => wanted,
             _ => (wanted - 1) / size * size + 1,
         }
+    }
+}
+
+/// An optional duration as whole seconds.
+mod seconds {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        d.map(|d| d.as_secs()).serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        Ok(Option::<u64>::deserialize(d)?.map(Duration::from_secs))
     }
 }
 

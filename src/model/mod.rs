@@ -18,7 +18,10 @@ pub use change::{
     format_datetime, parse_w3c_datetime, Change, ChangeType, Link, NewChange, ValidationError,
     MAX_ATTR_LEN, MAX_LINKS, MAX_URI_LEN,
 };
-pub use channel::{valid_channel_name, Lists, Retention, DEFAULT_LIST_SIZE, MAX_LIST_SIZE};
+pub use channel::{
+    valid_channel_name, ChannelSpec, Lists, Publisher, Retention, DEFAULT_LIST_SIZE,
+    DEFAULT_PUBLISHER, MAX_LIST_SIZE,
+};
 pub use notification::Notification;
 pub use signature::Algorithm;
 pub use subscription::{subscription_id, DeliveryState, PendingDelivery, Subscription};

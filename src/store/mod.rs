@@ -25,7 +25,7 @@ use std::time::Duration;
 use time::OffsetDateTime;
 use tokio::sync::{broadcast, watch};
 
-use crate::model::{Change, DeliveryState, NewChange, Retention, Subscription};
+use crate::model::{Change, ChannelSpec, DeliveryState, NewChange, Retention, Subscription};
 
 pub use embedded::EmbeddedStore;
 pub use redis::RedisStore;
@@ -114,6 +114,9 @@ pub enum ClusterEvent {
     /// A publisher pinged the external topic of `channel` at an instance that does not own
     /// it: the owner fetches the topic (it is the one that delivers what the fetch finds).
     Pinged { channel: String },
+    /// The stored settings of `channel` were created, changed or removed (admin API): every
+    /// instance reloads them.
+    Channel { channel: String },
 }
 
 /// The store, one trait for every engine. Implementations are cheap to share (`Arc<dyn Store>`).
@@ -184,6 +187,15 @@ pub trait Store: Send + Sync + 'static {
     /// Page boundaries of the resource index: the seq of the resource at rank `every`,
     /// `2 × every`, … in seq order (ranks from 1; deleted resources count).
     async fn resource_marks(&self, channel: &str, every: usize) -> Result<Vec<u64>, StoreError>;
+
+    /// Stores the settings of a channel created or changed at runtime (admin API).
+    async fn put_channel(&self, spec: &ChannelSpec) -> Result<(), StoreError>;
+    /// Removes a stored channel's settings (its log stays); true when they existed.
+    async fn delete_channel(&self, name: &str) -> Result<bool, StoreError>;
+    /// The stored settings of one channel.
+    async fn stored_channel(&self, name: &str) -> Result<Option<ChannelSpec>, StoreError>;
+    /// Every stored channel's settings.
+    async fn stored_channels(&self) -> Result<Vec<ChannelSpec>, StoreError>;
 
     async fn put_subscription(&self, sub: &Subscription) -> Result<(), StoreError>;
     /// Removes a subscription and its delivery state; true when it existed.

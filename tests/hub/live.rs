@@ -202,7 +202,11 @@ fn add_channel(c: &mut changehub::config::Config, name: &str, token: &str, reade
                 max_age: None,
                 list_size: 1,
             },
-            ..changehub::config::ChannelConfig::new(name, token)
+            ..changehub::config::ChannelConfig::new(
+                name,
+                token,
+                changehub::model::Retention::DEFAULT,
+            )
         },
     );
 }

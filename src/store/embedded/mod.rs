@@ -26,13 +26,15 @@ use super::{
     new_epoch, Appended, ChannelHead, IdempotencyKey, Origin, ResourcePage, Store, StoreError,
     IDEMPOTENCY_TTL,
 };
-use crate::model::{Change, DeliveryState, NewChange, Retention, Subscription};
+use crate::model::{Change, ChannelSpec, DeliveryState, NewChange, Retention, Subscription};
 
 const CHANGES: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("changes");
 const CHANNELS: TableDefinition<&str, &[u8]> = TableDefinition::new("channels");
 const IDEMPOTENCY: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("idempotency");
 const SUBSCRIPTIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("subscriptions");
 const DELIVERY: TableDefinition<&str, &[u8]> = TableDefinition::new("delivery");
+/// Channels created at runtime: name → their settings (JSON).
+const CHANNEL_SPECS: TableDefinition<&str, &[u8]> = TableDefinition::new("channel-specs");
 
 mod index;
 use index::IndexWriter;
@@ -584,6 +586,69 @@ impl Store for EmbeddedStore {
         let channel = channel.to_string();
         self.blocking(move |db| index::marks(db, &channel, every))
             .await
+    }
+
+    async fn put_channel(&self, spec: &ChannelSpec) -> Result<(), StoreError> {
+        let name = spec.name.clone();
+        let bytes = encode(spec)?;
+        self.blocking(move |db| {
+            let txn = db.begin_write().map_err(unavailable)?;
+            txn.open_table(CHANNEL_SPECS)
+                .map_err(unavailable)?
+                .insert(name.as_str(), bytes.as_slice())
+                .map_err(unavailable)?;
+            txn.commit().map_err(unavailable)
+        })
+        .await
+    }
+
+    async fn delete_channel(&self, name: &str) -> Result<bool, StoreError> {
+        let name = name.to_string();
+        self.blocking(move |db| {
+            let txn = db.begin_write().map_err(unavailable)?;
+            let existed = txn
+                .open_table(CHANNEL_SPECS)
+                .map_err(unavailable)?
+                .remove(name.as_str())
+                .map_err(unavailable)?
+                .is_some();
+            txn.commit().map_err(unavailable)?;
+            Ok(existed)
+        })
+        .await
+    }
+
+    async fn stored_channel(&self, name: &str) -> Result<Option<ChannelSpec>, StoreError> {
+        let name = name.to_string();
+        self.blocking(move |db| {
+            let txn = db.begin_read().map_err(unavailable)?;
+            let table = match txn.open_table(CHANNEL_SPECS) {
+                Ok(t) => t,
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+                Err(e) => return Err(unavailable(e)),
+            };
+            let found = table.get(name.as_str()).map_err(unavailable)?;
+            found.map(|v| decode(v.value())).transpose()
+        })
+        .await
+    }
+
+    async fn stored_channels(&self) -> Result<Vec<ChannelSpec>, StoreError> {
+        self.blocking(|db| {
+            let txn = db.begin_read().map_err(unavailable)?;
+            let table = match txn.open_table(CHANNEL_SPECS) {
+                Ok(t) => t,
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+                Err(e) => return Err(unavailable(e)),
+            };
+            let mut out = Vec::new();
+            for entry in table.iter().map_err(unavailable)? {
+                let (_, v) = entry.map_err(unavailable)?;
+                out.push(decode(v.value())?);
+            }
+            Ok(out)
+        })
+        .await
     }
 
     async fn put_subscription(&self, sub: &Subscription) -> Result<(), StoreError> {

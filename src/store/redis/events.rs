@@ -1,6 +1,6 @@
 //! How instances hear each other: the pub/sub channel [`EVENTS`] carries head moves and
 //! [`ClusterEvent`]s as short text messages (`head c last`, `published c first last`,
-//! `subscription c id`, `released c`, `pinged c`). A listener task follows it on a connection of its own
+//! `subscription c id`, `released c`, `pinged c`, `channel c`). A listener task follows it on a connection of its own
 //! and, because pub/sub is at most once, re-reads every known channel's `last` and
 //! `published` after each (re)connection and every [`REFRESH`].
 
@@ -146,6 +146,11 @@ fn handle_message(payload: &[u8], heads: &Heads, events: &broadcast::Sender<Clus
                 channel: channel.to_string(),
             });
         }
+        ["channel", channel] => {
+            let _ = events.send(ClusterEvent::Channel {
+                channel: channel.to_string(),
+            });
+        }
         _ => tracing::debug!(message = text, "unknown event"),
     }
 }
@@ -213,6 +218,9 @@ pub(super) async fn announce(store: &RedisStore, event: &ClusterEvent) -> Result
         }
         ClusterEvent::Pinged { channel } => {
             timed(conn.publish::<_, _, ()>(EVENTS, format!("pinged {channel}"))).await
+        }
+        ClusterEvent::Channel { channel } => {
+            timed(conn.publish::<_, _, ()>(EVENTS, format!("channel {channel}"))).await
         }
     }
 }

@@ -65,7 +65,7 @@ use tokio_util::sync::CancellationToken;
 use super::{
     Appended, ChannelHead, ClusterEvent, IdempotencyKey, Origin, ResourcePage, Store, StoreError,
 };
-use crate::model::{Change, DeliveryState, NewChange, Retention, Subscription};
+use crate::model::{Change, ChannelSpec, DeliveryState, NewChange, Retention, Subscription};
 
 mod conn;
 mod events;
@@ -257,6 +257,22 @@ impl Store for RedisStore {
 
     async fn resource_marks(&self, channel: &str, every: usize) -> Result<Vec<u64>, StoreError> {
         index::marks(self, channel, every).await
+    }
+
+    async fn put_channel(&self, spec: &ChannelSpec) -> Result<(), StoreError> {
+        subscriptions::put_channel(self, spec).await
+    }
+
+    async fn delete_channel(&self, name: &str) -> Result<bool, StoreError> {
+        subscriptions::delete_channel(self, name).await
+    }
+
+    async fn stored_channel(&self, name: &str) -> Result<Option<ChannelSpec>, StoreError> {
+        subscriptions::stored_channel(self, name).await
+    }
+
+    async fn stored_channels(&self) -> Result<Vec<ChannelSpec>, StoreError> {
+        subscriptions::stored_channels(self).await
     }
 
     async fn put_subscription(&self, sub: &Subscription) -> Result<(), StoreError> {

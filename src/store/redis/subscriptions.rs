@@ -5,11 +5,39 @@ use redis::AsyncCommands;
 use std::collections::HashMap;
 
 use super::{decode, encode, key, timed, RedisStore};
-use crate::model::{DeliveryState, Subscription};
+use crate::model::{ChannelSpec, DeliveryState, Subscription};
 use crate::store::StoreError;
 
 /// The one key outside a channel's slot: subscription id → channel.
 const SUB_CHANNELS: &str = "changehub:subscription-channels";
+/// Channels created at runtime: name → their settings (JSON). Outside any channel's slot.
+const CHANNEL_SPECS: &str = "changehub:channel-specs";
+
+pub(super) async fn put_channel(store: &RedisStore, spec: &ChannelSpec) -> Result<(), StoreError> {
+    let mut conn = store.conn();
+    timed(conn.hset::<_, _, _, ()>(CHANNEL_SPECS, &spec.name, encode(spec)?)).await
+}
+
+pub(super) async fn delete_channel(store: &RedisStore, name: &str) -> Result<bool, StoreError> {
+    let mut conn = store.conn();
+    let removed: u64 = timed(conn.hdel(CHANNEL_SPECS, name)).await?;
+    Ok(removed > 0)
+}
+
+pub(super) async fn stored_channel(
+    store: &RedisStore,
+    name: &str,
+) -> Result<Option<ChannelSpec>, StoreError> {
+    let mut conn = store.conn();
+    let found: Option<Vec<u8>> = timed(conn.hget(CHANNEL_SPECS, name)).await?;
+    found.map(|v| decode(&v)).transpose()
+}
+
+pub(super) async fn stored_channels(store: &RedisStore) -> Result<Vec<ChannelSpec>, StoreError> {
+    let mut conn = store.conn();
+    let all: HashMap<String, Vec<u8>> = timed(conn.hgetall(CHANNEL_SPECS)).await?;
+    all.values().map(|v| decode(v)).collect()
+}
 
 fn remember(store: &RedisStore, id: &str, channel: &str) {
     let mut map = store.sub_channels.lock().unwrap_or_else(|e| e.into_inner());
