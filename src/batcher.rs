@@ -54,8 +54,8 @@ pub fn render_notification(
     }
 }
 
-/// The feeds of the hosted channels, by name.
-pub type Feeds = Arc<std::collections::BTreeMap<String, Arc<ChannelFeed>>>;
+/// The hosted channels with their feeds (see [`crate::hosted`]).
+pub type Feeds = Arc<crate::hosted::Hosted>;
 
 /// What a channel has published so far.
 pub struct ChannelFeed {

@@ -91,11 +91,33 @@ impl Cluster {
     /// Starts the role task of a channel whose feed is new (an external topic registered
     /// while the hub runs); its starting point is already set.
     pub fn add_channel(self: &Arc<Self>, feed: Arc<ChannelFeed>) {
+        self.add_removable_channel(feed, CancellationToken::new());
+    }
+
+    /// Starts the role task of a channel created while the hub runs, until `removed`: then
+    /// this instance stops batching and delivering it and gives its lease up.
+    pub fn add_removable_channel(
+        self: &Arc<Self>,
+        feed: Arc<ChannelFeed>,
+        removed: CancellationToken,
+    ) {
         self.remember(&feed.name);
         let stop = self.work.batcher_stop.clone();
         self.work
             .batchers
-            .spawn(self.clone().run_channel(feed, true, stop));
+            .spawn(self.clone().run_channel(feed, true, stop, removed));
+    }
+
+    /// Forgets a removed channel: gives its lease up if this instance holds it.
+    async fn forget(&self, channel: &str) {
+        self.channels
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|c| c != channel);
+        self.ownership.release(channel);
+        if let Err(e) = self.store.release_lease(channel, &self.instance).await {
+            tracing::warn!(%channel, error = %e, "cannot release the ownership lease");
+        }
     }
 
     fn remember(&self, channel: &str) {
@@ -108,7 +130,7 @@ impl Cluster {
     /// Starts the role task of every hosted channel.
     pub async fn start(self: &Arc<Self>, feeds: &Feeds) {
         let (tasks, stop) = (&self.work.batchers, self.work.batcher_stop.clone());
-        for feed in feeds.values() {
+        for feed in feeds.feeds() {
             self.remember(&feed.name);
             // What is durable already counts as published, as on a single instance.
             let started = match self.store.head(&feed.name).await {
@@ -121,10 +143,12 @@ impl Cluster {
                     false
                 }
             };
-            tasks.spawn(
-                self.clone()
-                    .run_channel(feed.clone(), started, stop.clone()),
-            );
+            tasks.spawn(self.clone().run_channel(
+                feed.clone(),
+                started,
+                stop.clone(),
+                CancellationToken::new(),
+            ));
         }
     }
 
@@ -152,6 +176,7 @@ impl Cluster {
         feed: Arc<ChannelFeed>,
         mut started: bool,
         stop: CancellationToken,
+        removed: CancellationToken,
     ) {
         let channel = feed.name.clone();
         let Some(mut events) = self.store.events() else {
@@ -160,6 +185,7 @@ impl Cluster {
         while !started {
             tokio::select! {
                 _ = stop.cancelled() => return,
+                _ = removed.cancelled() => return,
                 _ = tokio::time::sleep(RENEW_EVERY) => {}
             }
             if let Ok(head) = self.store.head(&channel).await {
@@ -184,6 +210,7 @@ impl Cluster {
                 loop {
                     tokio::select! {
                         _ = stop.cancelled() => return,
+                        _ = removed.cancelled() => return self.forget(&channel).await,
                         _ = tokio::time::sleep_until(next_try) => break,
                         event = events.recv() => match event {
                             Ok(ClusterEvent::Published { channel: c, last, .. }) if c == channel => {
@@ -225,6 +252,7 @@ impl Cluster {
                 tokio::select! {
                     _ = stop.cancelled() => break false,
                     _ = lost.cancelled() => break true,
+                    _ = removed.cancelled() => break true,
                     n = live.recv() => match n {
                         Ok(n) => self.announce_published(&channel, n.first, n.last).await,
                         Err(RecvError::Lagged(_)) => {
@@ -263,6 +291,10 @@ impl Cluster {
                 return;
             }
             self.fanout.drop_channel(&channel);
+            if removed.is_cancelled() {
+                lost.cancel(); // stops renewing the lease
+                return self.forget(&channel).await;
+            }
         }
     }
 

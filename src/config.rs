@@ -261,6 +261,8 @@ pub struct Config {
     pub admin_token: Option<String>,
     /// When set, `GET /metrics` needs this bearer token.
     pub metrics_token: Option<String>,
+    /// The retention of channels that do not set their own (also those of the admin API).
+    pub retention: Retention,
     pub allow_private_callbacks: bool,
     pub allow_external_topics: Vec<String>,
     pub max_batch: usize,
@@ -300,11 +302,6 @@ impl Config {
             ChannelConfig::new(name, token, DEFAULT_RETENTION),
         );
         self
-    }
-
-    /// The channel whose topic URL is `topic`, if any.
-    pub fn channel_for_topic(&self, topic: &str) -> Option<&ChannelConfig> {
-        self.channels.get(self.urls.channel_of_topic(topic)?)
     }
 }
 
@@ -487,6 +484,7 @@ impl ServeArgs {
             channels,
             admin_token: self.admin_token.or(file.admin_token),
             metrics_token: self.metrics_token.or(file.metrics_token),
+            retention,
             allow_private_callbacks: self.allow_private_callbacks
                 || file.allow_private_callbacks.unwrap_or(false),
             allow_external_topics: [self.allow_external_topics, file.allow_external_topics]
@@ -669,15 +667,6 @@ mod tests {
         );
         assert_eq!(config.channels["other"].retention.list_size, 10_000);
         assert_eq!(config.urls.public(), "http://127.0.0.1:8080");
-        assert_eq!(
-            config
-                .channel_for_topic("http://127.0.0.1:8080/channels/news/changelist.xml")
-                .map(|c| c.name.as_str()),
-            Some("news")
-        );
-        assert!(config
-            .channel_for_topic("http://127.0.0.1:8080/channels/nope/changelist.xml")
-            .is_none());
     }
 
     #[test]

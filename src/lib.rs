@@ -38,6 +38,7 @@ pub mod cluster;
 pub mod config;
 pub mod external;
 pub mod fanout;
+pub mod hosted;
 pub mod http;
 pub mod ingest;
 pub mod live;

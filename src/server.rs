@@ -13,8 +13,9 @@ use crate::cluster::Cluster;
 use crate::config::{Config, StoreConfig};
 use crate::external::External;
 use crate::fanout::{Fanout, FanoutParts};
+use crate::hosted::Declared;
 use crate::ownership::Ownership;
-use crate::store::{EmbeddedStore, RedisStore, Store, StoreError};
+use crate::store::{ClusterEvent, EmbeddedStore, RedisStore, Store, StoreError};
 use crate::work::Work;
 use crate::{http, net};
 
@@ -68,6 +69,7 @@ pub async fn run(
         shutdown: stopping.clone(),
         connections: Arc::default(),
         metrics: crate::telemetry::install(),
+        control: hub.control.clone(),
     };
     let mut channels: Vec<&str> = config.channels.keys().map(String::as_str).collect();
     channels.sort_unstable();
@@ -117,19 +119,182 @@ pub struct Hub {
     pub work: Work,
     /// Subscriptions whose delivery resumed at start-up (on this instance).
     pub resumed: usize,
+    /// Starts and stops the channels of the admin API.
+    pub control: Arc<Control>,
+}
+
+/// How often every instance reloads the channels of the admin API (the announcements that
+/// also carry them are at most once).
+const CHANNELS_REFRESH: Duration = Duration::from_secs(5);
+
+/// Brings the hosted channels in line with the channels the admin API stored: starts the
+/// new ones, changes the settings of the changed ones, stops the removed ones.
+pub struct Control {
+    store: Arc<dyn Store>,
+    config: Arc<Config>,
+    feeds: Feeds,
+    fanout: Arc<Fanout>,
+    cluster: Option<Arc<Cluster>>,
+    work: Work,
+    /// Cancelled when the channel is removed (its batcher or cluster role stops).
+    removed: std::sync::Mutex<std::collections::HashMap<String, CancellationToken>>,
+}
+
+impl Control {
+    fn removal_token(&self, channel: &str) -> CancellationToken {
+        let token = self.work.batcher_stop.child_token();
+        self.removed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(channel.to_string(), token.clone());
+        token
+    }
+
+    /// Runs the batcher of a channel on a store of one instance.
+    fn start_batcher(&self, feed: Arc<ChannelFeed>) {
+        let stop = self.removal_token(&feed.name);
+        let batcher = Batcher::new(feed, self.store.clone(), self.config.clone());
+        self.work.batchers.spawn(batcher.run(stop));
+    }
+
+    /// Loads the stored settings of `channel` and applies them: a new channel starts, a
+    /// changed one takes its new settings at once, a removed one stops. Channels declared at
+    /// start-up are left alone.
+    pub async fn apply(&self, channel: &str) -> Result<(), StoreError> {
+        if self
+            .feeds
+            .get(channel)
+            .is_some_and(|c| c.declared == Declared::StartUp)
+        {
+            return Ok(());
+        }
+        match self.store.stored_channel(channel).await? {
+            Some(spec) => {
+                if let Err(e) = spec.check() {
+                    tracing::warn!(%channel, error = %e, "ignoring a stored channel");
+                    return Ok(());
+                }
+                let (new, feed) = self.feeds.put(spec, Declared::Api);
+                if new {
+                    tracing::info!(%channel, "channel created");
+                    if let Err(e) = feed.origin(self.store.as_ref()).await {
+                        tracing::warn!(%channel, error = %e, "cannot record the channel's origin; will on first use");
+                    }
+                    match &self.cluster {
+                        Some(cluster) => {
+                            let head = self.store.head(channel).await?;
+                            feed.start_at(head.last);
+                            cluster.add_removable_channel(feed, self.removal_token(channel));
+                        }
+                        None => {
+                            self.start_batcher(feed);
+                            self.fanout.take_channel(channel).await?;
+                        }
+                    }
+                }
+            }
+            None => {
+                if self.feeds.remove(channel).is_some() {
+                    tracing::info!(%channel, "channel removed");
+                    let token = self
+                        .removed
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(channel);
+                    if let Some(token) = token {
+                        token.cancel();
+                    }
+                    self.fanout.drop_channel(channel);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Follows the channels of the admin API: on every announcement of a change, and every
+    /// [`CHANNELS_REFRESH`] all of them (announcements can be lost).
+    async fn follow_changes(self: Arc<Self>, stop: CancellationToken) {
+        let mut events = self.store.events();
+        let mut refresh = tokio::time::interval(CHANNELS_REFRESH);
+        loop {
+            let changed = tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = refresh.tick() => None,
+                event = next_channel_event(&mut events) => event,
+            };
+            let result = match changed {
+                Some(channel) => self.apply(&channel).await,
+                None => self.refresh().await,
+            };
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "cannot follow the channels of the admin API now");
+            }
+        }
+    }
+
+    /// Applies every stored channel, and removes the channels of the admin API that are no
+    /// longer stored.
+    async fn refresh(&self) -> Result<(), StoreError> {
+        let stored = self.store.stored_channels().await?;
+        let mut names: Vec<String> = stored.into_iter().map(|s| s.name).collect();
+        for channel in self.feeds.all() {
+            if channel.declared == Declared::Api && !names.contains(&channel.spec.name) {
+                names.push(channel.spec.name.to_string());
+            }
+        }
+        for name in names {
+            self.apply(&name).await?;
+        }
+        Ok(())
+    }
+}
+
+/// The next channel named by a [`ClusterEvent::Channel`] (never, on a store of one instance).
+async fn next_channel_event(
+    events: &mut Option<tokio::sync::broadcast::Receiver<ClusterEvent>>,
+) -> Option<String> {
+    let Some(rx) = events else {
+        return std::future::pending().await;
+    };
+    loop {
+        match rx.recv().await {
+            Ok(ClusterEvent::Channel { channel }) => return Some(channel),
+            Ok(_) => {}
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => return None,
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                *events = None;
+                return None;
+            }
+        }
+    }
 }
 
 impl Hub {
     /// Starts batching, delivery and retention on `store`.
     pub async fn start(config: Arc<Config>, store: Arc<dyn Store>) -> Result<Hub, Error> {
         let work = Work::new();
-        let feeds: Feeds = Arc::new(
-            config
-                .channels
-                .keys()
-                .map(|name| (name.clone(), Arc::new(ChannelFeed::new(name))))
-                .collect(),
-        );
+        let feeds: Feeds = Arc::default();
+        for spec in config.channels.values() {
+            feeds.put(spec.clone(), Declared::StartUp);
+        }
+        // Channels created through the admin API (a start-up declaration of the same name
+        // wins).
+        match store.stored_channels().await {
+            Ok(stored) => {
+                for spec in stored {
+                    if feeds.contains(&spec.name) {
+                        tracing::warn!(channel = %spec.name, "a channel of the admin API is also declared at start-up; the declaration wins");
+                    } else if let Err(e) = spec.check() {
+                        tracing::warn!(channel = %spec.name, error = %e, "ignoring a stored channel");
+                    } else {
+                        feeds.put(spec, Declared::Api);
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot load the channels of the admin API; will retry")
+            }
+        }
         let ownership = if store.shared() {
             Ownership::leased()
         } else {
@@ -167,17 +332,27 @@ impl Hub {
             work.tasks.spawn(external.clone().follow_other_instances());
             Some(cluster)
         } else {
-            for feed in feeds.values() {
-                let batcher = Batcher::new(feed.clone(), store.clone(), config.clone());
-                work.batchers.spawn(batcher.run(work.batcher_stop.clone()));
-            }
             None
         };
+        let control = Arc::new(Control {
+            store: store.clone(),
+            config: config.clone(),
+            feeds: feeds.clone(),
+            fanout: fanout.clone(),
+            cluster: cluster.clone(),
+            work: work.clone(),
+            removed: std::sync::Mutex::default(),
+        });
+        if cluster.is_none() {
+            for feed in feeds.feeds() {
+                control.start_batcher(feed);
+            }
+        }
         // Each channel's origin is recorded once: when it began (an empty Change List's
         // `from`) and the epoch of its log.
-        for (name, feed) in feeds.iter() {
+        for feed in feeds.feeds() {
             if let Err(e) = feed.origin(store.as_ref()).await {
-                tracing::warn!(channel = %name, error = %e, "cannot record the channel's origin; will on first use");
+                tracing::warn!(channel = %feed.name, error = %e, "cannot record the channel's origin; will on first use");
             }
         }
         // External topics with stored subscriptions are served again (on every store).
@@ -188,8 +363,14 @@ impl Hub {
             None => fanout.resume().await?,
             Some(_) => 0, // the owner of each channel starts its workers
         };
+        work.tasks.spawn(trim_loop(
+            store.clone(),
+            feeds.clone(),
+            config.trim_interval,
+            work.drain.clone(),
+        ));
         work.tasks
-            .spawn(trim_loop(store.clone(), config.clone(), work.drain.clone()));
+            .spawn(control.clone().follow_changes(work.drain.clone()));
         Ok(Hub {
             config,
             store,
@@ -199,6 +380,7 @@ impl Hub {
             cluster,
             work,
             resumed,
+            control,
         })
     }
 
@@ -233,14 +415,15 @@ impl Hub {
     }
 }
 
-async fn trim_loop(store: Arc<dyn Store>, config: Arc<Config>, stop: CancellationToken) {
-    let mut interval = tokio::time::interval(config.trim_interval);
+async fn trim_loop(store: Arc<dyn Store>, feeds: Feeds, every: Duration, stop: CancellationToken) {
+    let mut interval = tokio::time::interval(every);
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = interval.tick() => {}
         }
-        for channel in config.channels.values() {
+        for channel in feeds.all() {
+            let channel = &channel.spec;
             let now = time::OffsetDateTime::now_utc();
             match store.trim(&channel.name, channel.retention, now).await {
                 Ok(0) => {}

@@ -48,7 +48,8 @@ fn classify(config: &Config, topic: &str) -> Result<Target, Refusal> {
     if topic.len() > MAX_URL_LEN {
         return Err((StatusCode::BAD_REQUEST, "topic URL is too long".to_string()));
     }
-    if config.channel_for_topic(topic).is_some() {
+    // A topic URL of this hub (whether or not that channel exists now) is never external.
+    if config.urls.channel_of_topic(topic).is_some() {
         return Ok(Target::Hosted);
     }
     let url = url::Url::parse(topic)

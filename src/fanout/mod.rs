@@ -240,8 +240,8 @@ impl Fanout {
 
     /// The feed of a hosted channel or of an external topic's internal channel.
     pub fn feed(&self, channel: &str) -> Option<Arc<ChannelFeed>> {
-        match self.feeds.get(channel) {
-            Some(feed) => Some(feed.clone()),
+        match self.feeds.feed(channel) {
+            Some(feed) => Some(feed),
             None => self.external.by_channel(channel).map(|t| t.feed.clone()),
         }
     }

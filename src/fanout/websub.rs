@@ -139,7 +139,21 @@ pub fn parse_request(body: &[u8], allow_private: bool) -> Result<Request, Refusa
 /// Validates, verifies and applies one request (in the background).
 pub async fn process(fanout: Arc<Fanout>, external: Arc<External>, request: Request) {
     let config = &fanout.config;
-    let (channel, is_external) = if let Some(ch) = config.channel_for_topic(&request.topic) {
+    let own = config
+        .urls
+        .channel_of_topic(&request.topic)
+        .map(str::to_string);
+    let (channel, is_external) = if let Some(name) = own {
+        // A topic URL of this hub is never an external topic.
+        let Some(ch) = fanout.feeds.spec(&name) else {
+            deny(
+                &fanout,
+                &request,
+                &format!("no channel {name:?} on this hub"),
+            )
+            .await;
+            return;
+        };
         if ch.read_token.is_some() && request.mode == Mode::Subscribe {
             let reason =
                 "this channel is private; follow it over the websocket or SSE with its read token";

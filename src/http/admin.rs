@@ -12,7 +12,9 @@ use time::OffsetDateTime;
 
 use super::{ApiError, AppState};
 use crate::external::{self, ContentRetry};
-use crate::model::PendingDelivery;
+use crate::hosted::Declared;
+use crate::model::{ChannelSpec, PendingDelivery, Publisher, Retention};
+use crate::store::ClusterEvent;
 
 fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     match &state.config.admin_token {
@@ -29,9 +31,17 @@ struct ChannelView {
     topic: String,
     /// `hosted` (a `--channel`) or `external` (an external topic's internal channel).
     kind: &'static str,
+    /// Hosted channels: `start-up` (flags, the file) or `api` (created through this API).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    declared: Option<&'static str>,
     /// Hosted channels: the names of their publishers (never their tokens).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     publishers: Vec<String>,
+    /// Hosted channels: whether reads need a read token.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    private: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retention: Option<RetentionView>,
     oldest: u64,
     last: u64,
     published: u64,
@@ -58,21 +68,28 @@ pub async fn channels(
 ) -> Result<Response, ApiError> {
     authorize(&state, &headers)?;
     let mut out = Vec::new();
-    for (name, feed) in state.feeds.iter() {
+    for channel in state.feeds.all() {
+        let name = &channel.spec.name;
         let head = state.store.head(name).await?;
         out.push(ChannelView {
             name: name.clone(),
             topic: state.config.urls.topic(name),
             kind: "hosted",
-            publishers: state
-                .config
-                .channels
-                .get(name)
-                .map(|c| c.publishers.iter().map(|p| p.name.clone()).collect())
-                .unwrap_or_default(),
+            declared: Some(match channel.declared {
+                Declared::StartUp => "start-up",
+                Declared::Api => "api",
+            }),
+            publishers: channel
+                .spec
+                .publishers
+                .iter()
+                .map(|p| p.name.clone())
+                .collect(),
+            private: Some(channel.spec.read_token.is_some()),
+            retention: Some(RetentionView::of(&channel.spec.retention)),
             oldest: head.oldest,
             last: head.last,
-            published: feed.published_seq(),
+            published: channel.feed.published_seq(),
             content: None,
             content_version: None,
             fetches: None,
@@ -87,7 +104,10 @@ pub async fn channels(
             name: topic.channel.clone(),
             topic: topic.url.clone(),
             kind: "external",
+            declared: None,
             publishers: Vec::new(),
+            private: None,
+            retention: None,
             oldest: head.oldest,
             last: head.last,
             published: topic.feed.published_seq(),
@@ -99,6 +119,148 @@ pub async fn channels(
         });
     }
     Ok(Json(out).into_response())
+}
+
+#[derive(Serialize)]
+struct RetentionView {
+    retain_changes: u64,
+    /// Seconds, when changes are also dropped by age.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retain_for: Option<u64>,
+    archive_every: u64,
+}
+
+impl RetentionView {
+    fn of(r: &Retention) -> RetentionView {
+        RetentionView {
+            retain_changes: r.max_changes,
+            retain_for: r.max_age.map(|d| d.as_secs()),
+            archive_every: r.list_size,
+        }
+    }
+}
+
+/// The body of `PUT /api/channels/{name}`: the whole settings of the channel.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ChannelBody {
+    /// Publisher name → token (at least one). Rotating a token: add the new publisher, let
+    /// the source switch, then PUT again without the old one.
+    publishers: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    read_token: Option<String>,
+    #[serde(default)]
+    retain_changes: Option<u64>,
+    /// A duration such as `30days` or `12h`.
+    #[serde(default)]
+    retain_for: Option<String>,
+    #[serde(default)]
+    archive_every: Option<u64>,
+}
+
+/// Largest `PUT /api/channels/{name}` body.
+const CHANNEL_BODY_LIMIT: usize = 64 * 1024;
+
+/// `PUT /api/channels/{name}`: creates or changes a channel. Stored, so that every instance
+/// and every restart has it; 201 when new, 200 when changed. Channels declared at start-up
+/// cannot be changed here (409).
+pub async fn put_channel(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> Result<Response, ApiError> {
+    authorize(&state, &headers)?;
+    declared_at_start_up(&state, &name)?;
+    let body = super::read_body(body, CHANNEL_BODY_LIMIT).await?;
+    let body: ChannelBody = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::bad_request(format!(
+            "expected {{\"publishers\": {{NAME: TOKEN, …}}, \"read_token\", \"retain_changes\", \"retain_for\", \"archive_every\"}}: {e}"
+        ))
+    })?;
+    let defaults = state.config.retention;
+    let max_age = match body.retain_for.as_deref() {
+        None => defaults.max_age,
+        Some(s) => Some(humantime::parse_duration(s).map_err(|e| {
+            ApiError::bad_request(format!("retain_for {s:?} is not a duration: {e}"))
+        })?),
+    };
+    let spec = ChannelSpec {
+        name: name.clone(),
+        publishers: body
+            .publishers
+            .into_iter()
+            .map(|(name, token)| Publisher { name, token })
+            .collect(),
+        read_token: body.read_token,
+        retention: Retention {
+            max_changes: body.retain_changes.unwrap_or(defaults.max_changes),
+            max_age,
+            list_size: body.archive_every.unwrap_or(defaults.list_size),
+        },
+    };
+    spec.check().map_err(ApiError::bad_request)?;
+    let existed = state.store.stored_channel(&name).await?.is_some();
+    state.store.put_channel(&spec).await?;
+    changed(&state, &name).await?;
+    let status = if existed {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    Ok((
+        status,
+        Json(serde_json::json!({
+            "name": name,
+            "topic": state.config.urls.topic(&name),
+            "publishers": spec.publishers.iter().map(|p| &p.name).collect::<Vec<_>>(),
+            "private": spec.read_token.is_some(),
+            "retention": RetentionView::of(&spec.retention),
+        })),
+    )
+        .into_response())
+}
+
+/// `DELETE /api/channels/{name}`: removes a channel created through this API. It is no
+/// longer served on any instance; its log and subscriptions stay in the store (creating the
+/// channel again brings them back).
+pub async fn delete_channel(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    authorize(&state, &headers)?;
+    declared_at_start_up(&state, &name)?;
+    if !state.store.delete_channel(&name).await? {
+        return Err(ApiError::not_found(format!(
+            "no channel {name:?} was created through the admin API"
+        )));
+    }
+    changed(&state, &name).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+fn declared_at_start_up(state: &AppState, name: &str) -> Result<(), ApiError> {
+    match state.feeds.get(name) {
+        Some(c) if c.declared == Declared::StartUp => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!("channel {name:?} is declared at start-up (flags or file); change it there"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Applies a stored change here at once, and tells the other instances.
+async fn changed(state: &AppState, name: &str) -> Result<(), ApiError> {
+    state.control.apply(name).await?;
+    let event = ClusterEvent::Channel {
+        channel: name.to_string(),
+    };
+    if let Err(e) = state.store.announce(&event).await {
+        // The others reload every few seconds anyway.
+        tracing::warn!(channel = %name, error = %e, "cannot announce a channel change");
+    }
+    Ok(())
 }
 
 #[derive(Deserialize)]
@@ -115,7 +277,7 @@ pub async fn resource(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     authorize(&state, &headers)?;
-    if !state.config.channels.contains_key(&name) && state.external.by_channel(&name).is_none() {
+    if !state.feeds.contains(&name) && state.external.by_channel(&name).is_none() {
         return Err(ApiError::not_found(format!("no channel {name:?}")));
     }
     match state.store.resource(&name, &q.loc).await? {

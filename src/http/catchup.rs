@@ -39,8 +39,8 @@ impl Readable {
         token: Option<&str>,
     ) -> Result<Readable, ApiError> {
         let no_channel = || ApiError::not_found(format!("no channel {name:?}"));
-        if let Some(channel) = state.config.channels.get(name) {
-            if !auth::can_read(channel, read_token(headers, token)) {
+        if let Some(channel) = state.feeds.get(name) {
+            if !auth::can_read(&channel.spec, read_token(headers, token)) {
                 return Err(ApiError::unauthorized(
                     "this channel is private: give its read token",
                 ));
@@ -48,9 +48,9 @@ impl Readable {
             return Ok(Readable {
                 topic: state.config.urls.topic(name),
                 lists: Lists {
-                    size: channel.retention.list_size,
+                    size: channel.spec.retention.list_size,
                 },
-                feed: state.feeds.get(name).cloned().ok_or_else(no_channel)?,
+                feed: channel.feed,
             });
         }
         let topic = state.external.by_channel(name).ok_or_else(no_channel)?;
@@ -326,6 +326,9 @@ pub async fn capability_list(
 
 /// `GET /.well-known/resourcesync`
 pub async fn source_description(State(state): State<AppState>) -> Response {
-    let channels = state.config.channels.keys().map(String::as_str);
-    xml(catchup::source_description(&state.config.urls, channels))
+    let names = state.feeds.names();
+    xml(catchup::source_description(
+        &state.config.urls,
+        names.iter().map(String::as_str),
+    ))
 }

@@ -58,19 +58,16 @@ pub async fn channels(
     State(state): State<AppState>,
 ) -> Result<Json<Vec<ChannelSummary>>, ApiError> {
     let mut out = Vec::with_capacity(state.feeds.len());
-    for (name, feed) in state.feeds.iter() {
+    for channel in state.feeds.all() {
+        let name = &channel.spec.name;
         let head = state.store.head(name).await?;
         out.push(ChannelSummary {
             name: name.clone(),
             topic: state.config.urls.topic(name),
-            private: state
-                .config
-                .channels
-                .get(name)
-                .is_some_and(|c| c.read_token.is_some()),
+            private: channel.spec.read_token.is_some(),
             oldest: head.oldest,
             last: head.last,
-            published: feed.published_seq(),
+            published: channel.feed.published_seq(),
         });
     }
     Ok(Json(out))

@@ -19,11 +19,10 @@ pub async fn post_changes(
     body: Body,
 ) -> Result<Response, ApiError> {
     let channel = state
-        .config
-        .channels
-        .get(&name)
+        .feeds
+        .spec(&name)
         .ok_or_else(|| ApiError::not_found(format!("no channel {name:?}")))?;
-    let source = ApiError::check_publisher(&headers, channel)?;
+    let source = ApiError::check_publisher(&headers, &channel)?;
 
     let content_type = headers
         .get(http::header::CONTENT_TYPE)

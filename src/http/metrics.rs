@@ -40,11 +40,16 @@ async fn gauges(state: &AppState) -> Result<Gauges, ApiError> {
     let mut g = Gauges {
         websocket_connections: state.connections.open(),
         sse_connections: state.connections.sse.load(Ordering::Relaxed),
-        channels_owned: state.feeds.keys().filter(|c| state.fanout.owns(c)).count(),
+        channels_owned: state
+            .feeds
+            .names()
+            .iter()
+            .filter(|c| state.fanout.owns(c))
+            .count(),
         ..Gauges::default()
     };
-    for channel in state.feeds.keys() {
-        g.lag_max.insert(channel.clone(), 0);
+    for channel in state.feeds.names() {
+        g.lag_max.insert(channel, 0);
     }
     for sub in state.fanout.active() {
         let delivery = state.store.delivery(&sub.id).await?.unwrap_or_default();

@@ -59,6 +59,8 @@ pub struct AppState {
     pub shutdown: CancellationToken,
     /// Websocket connections per client address, and their shared frames.
     pub connections: Arc<ws::Connections>,
+    /// Starts and stops the channels of the admin API.
+    pub control: Arc<crate::server::Control>,
     /// The Prometheus recorder's handle (`None`: another recorder was installed first).
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
 }
@@ -105,6 +107,10 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics::metrics))
         .route("/readyz", get(health::readyz))
         .route("/api/channels", get(admin::channels))
+        .route(
+            "/api/channels/{name}",
+            axum::routing::put(admin::put_channel).delete(admin::delete_channel),
+        )
         .route("/api/channels/{name}/resources", get(admin::resource))
         .route("/api/subscriptions", get(admin::subscriptions))
         .route("/api/live", get(admin::live))

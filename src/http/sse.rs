@@ -32,12 +32,11 @@ pub async fn events(
     Query(query): Query<EventsQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let config = state
-        .config
-        .channels
+    let channel = state
+        .feeds
         .get(&name)
         .ok_or_else(|| ApiError::not_found(format!("no channel {name:?}")))?;
-    if !auth::can_read(config, read_token(&headers, query.token.as_deref())) {
+    if !auth::can_read(&channel.spec, read_token(&headers, query.token.as_deref())) {
         return Err(ApiError::unauthorized(
             "this channel is private: give its read token",
         ));
@@ -52,11 +51,7 @@ pub async fn events(
             ApiError::bad_request("Last-Event-ID / since must be a seq (a non-negative integer)")
         })?),
     };
-    let feed = state
-        .feeds
-        .get(&name)
-        .cloned()
-        .ok_or_else(|| ApiError::not_found(format!("no channel {name:?}")))?;
+    let feed = channel.feed;
     let follower = Follower::new(feed, state.store.clone(), since, query.epoch.clone());
     let open = (follower, SseGuard::new(&state.connections));
     let stream = futures_util::stream::unfold(open, move |(mut follower, guard)| {

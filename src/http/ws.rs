@@ -408,7 +408,7 @@ impl Connection {
         epoch: Option<String>,
     ) {
         let state = &self.state;
-        let Some(config) = state.config.channels.get(&channel) else {
+        let Some(hosted) = state.feeds.get(&channel) else {
             return self.reply(frames::error(
                 "unknown_channel",
                 Some(&channel),
@@ -416,7 +416,7 @@ impl Connection {
             ));
         };
         let token = token.as_deref().or(self.query_token.as_deref());
-        if !auth::can_read(config, token) {
+        if !auth::can_read(&hosted.spec, token) {
             return self.reply(frames::error(
                 "unauthorized",
                 Some(&channel),
@@ -431,13 +431,7 @@ impl Connection {
                 &format!("at most {limit} subscriptions per connection"),
             ));
         }
-        let Some(feed) = state.feeds.get(&channel).cloned() else {
-            return self.reply(frames::error(
-                "unknown_channel",
-                Some(&channel),
-                "no such channel",
-            ));
-        };
+        let feed = hosted.feed;
         if let Some(old) = self.subscriptions.remove(&channel) {
             old.abort();
         }

@@ -471,7 +471,7 @@ impl Insides {
             .unwrap();
         Insides {
             store,
-            feed: hub.feeds[CHANNEL].clone(),
+            feed: hub.feeds.feed(CHANNEL).unwrap(),
             cluster: hub.cluster.clone().expect("a shared store has a cluster"),
             stop: hub.work.batcher_stop.clone(),
         }

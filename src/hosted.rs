@@ -1,0 +1,123 @@
+//! The hosted channels, by name: each one's settings ([`ChannelSpec`]) and its feed
+//! ([`ChannelFeed`]).
+//!
+//! Channels declared at start-up (flags, the file) are here from the start and do not change.
+//! The admin API creates, changes and removes others while the hub runs; they are stored
+//! (`Store::put_channel`), so every instance on one store and every restart sees them, and
+//! [`crate::server::Hub::apply_channel`] brings this registry in line with the store.
+//!
+//! Readers take a snapshot of one entry ([`Hosted::get`]) and keep no lock: a change
+//! replaces the entry's settings for the next request; a removal takes the channel away for
+//! the next request (what is under way finishes).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
+use crate::batcher::ChannelFeed;
+use crate::model::ChannelSpec;
+use crate::net::Urls;
+
+/// Where a channel was declared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Declared {
+    /// `--channel`, `--publisher` or the file: fixed while the hub runs.
+    StartUp,
+    /// The admin API: stored, may change or go away.
+    Api,
+}
+
+/// One hosted channel.
+#[derive(Clone)]
+pub struct Channel {
+    pub spec: Arc<ChannelSpec>,
+    pub feed: Arc<ChannelFeed>,
+    pub declared: Declared,
+}
+
+/// The hosted channels, shared by everything that serves them.
+#[derive(Default)]
+pub struct Hosted {
+    channels: RwLock<BTreeMap<String, Channel>>,
+}
+
+impl Hosted {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Channel>> {
+        self.channels.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<String, Channel>> {
+        self.channels.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn get(&self, name: &str) -> Option<Channel> {
+        self.read().get(name).cloned()
+    }
+
+    pub fn spec(&self, name: &str) -> Option<Arc<ChannelSpec>> {
+        self.read().get(name).map(|c| c.spec.clone())
+    }
+
+    pub fn feed(&self, name: &str) -> Option<Arc<ChannelFeed>> {
+        self.read().get(name).map(|c| c.feed.clone())
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.read().contains_key(name)
+    }
+
+    /// Every channel, by name.
+    pub fn all(&self) -> Vec<Channel> {
+        self.read().values().cloned().collect()
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        self.read().keys().cloned().collect()
+    }
+
+    pub fn feeds(&self) -> Vec<Arc<ChannelFeed>> {
+        self.read().values().map(|c| c.feed.clone()).collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.read().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.read().is_empty()
+    }
+
+    /// The channel whose topic URL is `topic`, if it is one of this hub's.
+    pub fn for_topic(&self, urls: &Urls, topic: &str) -> Option<Arc<ChannelSpec>> {
+        self.spec(urls.channel_of_topic(topic)?)
+    }
+
+    /// Adds a channel, or replaces the settings of one already here (its feed stays).
+    /// Returns true when it is new.
+    pub fn put(&self, spec: ChannelSpec, declared: Declared) -> (bool, Arc<ChannelFeed>) {
+        let mut channels = self.write();
+        match channels.get_mut(&spec.name) {
+            Some(existing) => {
+                existing.spec = Arc::new(spec);
+                (false, existing.feed.clone())
+            }
+            None => {
+                let feed = Arc::new(ChannelFeed::new(&spec.name));
+                let name = spec.name.clone();
+                channels.insert(
+                    name,
+                    Channel {
+                        spec: Arc::new(spec),
+                        feed: feed.clone(),
+                        declared,
+                    },
+                );
+                (true, feed)
+            }
+        }
+    }
+
+    /// Takes a channel away; returns it.
+    pub fn remove(&self, name: &str) -> Option<Channel> {
+        self.write().remove(name)
+    }
+}
