@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use changehub::cluster::LEASE_TTL;
+use reqwest::StatusCode;
 
 /// One `changehub serve --redis` process (with more flags in `extra`).
 async fn instance(redis: &str, extra: &[&str]) -> HubProcess {
@@ -939,4 +940,109 @@ async fn two_instances_on_a_redis_cluster_act_as_one_hub() {
     used.sort();
     used.dedup();
     assert_eq!(used.len(), 3, "one channel per node");
+}
+
+/// `PUT /api/channels/{name}` with `body` at `hub`; returns the status.
+async fn put_channel(hub: &str, name: &str, body: serde_json::Value) -> reqwest::StatusCode {
+    reqwest::Client::new()
+        .put(format!("{hub}/api/channels/{name}"))
+        .bearer_auth(ADMIN)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .status()
+}
+
+/// Pushes one change to channel `name` at `hub` with `token`; returns the status.
+async fn ingest(hub: &str, name: &str, token: &str, loc: &str) -> reqwest::StatusCode {
+    reqwest::Client::new()
+        .post(format!("{hub}/channels/{name}/changes"))
+        .bearer_auth(token)
+        .json(&serde_json::json!({"loc": format!("http://example.com/{loc}"), "change": "updated"}))
+        .send()
+        .await
+        .unwrap()
+        .status()
+}
+
+/// A channel created through the admin API of one instance is ingested into through the
+/// other; it survives a restart of both; a rotated-out token is refused everywhere; a
+/// removed channel is gone everywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channel_created_at_runtime_is_everyones() {
+    let redis = RedisServer::start(true);
+    let (a, b) = (
+        instance(&redis.url(), &[]).await,
+        instance(&redis.url(), &[]).await,
+    );
+    let old = serde_json::json!({"publishers": {"alice": "alice-token"}, "archive_every": 100});
+    assert_eq!(
+        put_channel(&a.url, "x", old.clone()).await,
+        StatusCode::CREATED
+    );
+    wait_until(
+        "the other instance has x",
+        Duration::from_secs(15),
+        || async { ingest(&b.url, "x", "alice-token", "one").await == StatusCode::ACCEPTED },
+    )
+    .await;
+    assert_eq!(all_seqs_of(&a.url, "x").await, [1]);
+
+    drop((a, b));
+    let (a, b) = (
+        instance(&redis.url(), &[]).await,
+        instance(&redis.url(), &[]).await,
+    );
+    assert_eq!(
+        ingest(&b.url, "x", "alice-token", "two").await,
+        StatusCode::ACCEPTED
+    );
+    assert_eq!(all_seqs_of(&a.url, "x").await, [1, 2]);
+
+    // Rotation: bob's token in, alice's out.
+    let both = serde_json::json!({"publishers": {"alice": "alice-token", "bob": "bob-token"}});
+    assert_eq!(put_channel(&a.url, "x", both).await, StatusCode::OK);
+    let new = serde_json::json!({"publishers": {"bob": "bob-token"}});
+    assert_eq!(put_channel(&a.url, "x", new).await, StatusCode::OK);
+    wait_until(
+        "the rotated-out token is refused",
+        Duration::from_secs(15),
+        || async { ingest(&b.url, "x", "alice-token", "three").await == StatusCode::FORBIDDEN },
+    )
+    .await;
+    assert_eq!(
+        ingest(&a.url, "x", "alice-token", "three").await,
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        ingest(&b.url, "x", "bob-token", "three").await,
+        StatusCode::ACCEPTED
+    );
+
+    let deleted = reqwest::Client::new()
+        .delete(format!("{}/api/channels/x", a.url))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), StatusCode::NO_CONTENT);
+    wait_until("x is gone everywhere", Duration::from_secs(15), || async {
+        ingest(&b.url, "x", "bob-token", "four").await == StatusCode::NOT_FOUND
+    })
+    .await;
+}
+
+/// Every seq of channel `name` at `hub`.
+async fn all_seqs_of(hub: &str, name: &str) -> Vec<u64> {
+    let body = reqwest::get(format!("{hub}/channels/{name}/changes?after=0&limit=1000"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    body.split(" ch:seq=\"")
+        .skip(1)
+        .map(|p| p.split('"').next().unwrap().parse().unwrap())
+        .collect()
 }

@@ -8,6 +8,7 @@ mod redis_server;
 mod archive;
 mod bad_input;
 mod catchup;
+mod channels;
 mod cluster;
 mod conformance;
 mod crash;
