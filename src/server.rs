@@ -71,8 +71,8 @@ pub async fn run(
         metrics: crate::telemetry::install(),
         control: hub.control.clone(),
     };
-    let mut channels: Vec<&str> = config.channels.keys().map(String::as_str).collect();
-    channels.sort_unstable();
+    // Declared ones and those of the admin API, by name.
+    let channels = hub.feeds.names();
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
         listen = %listener.local_addr()?,
