@@ -151,6 +151,14 @@ pub struct ServeArgs {
     /// Interval of websocket pings (default 30s).
     #[arg(long, env = "CHANGEHUB_WS_PING", value_parser = parse_duration)]
     pub ws_ping: Option<Duration>,
+    /// Bytes of outgoing frames queued per websocket (default 1048576): replay waits for room,
+    /// a live frame that finds none closes the connection (4008), and so does a replay that
+    /// waits longer than `--ws-stall`.
+    #[arg(long, env = "CHANGEHUB_WS_QUEUE_BYTES")]
+    pub ws_queue_bytes: Option<usize>,
+    /// How long a websocket replay waits for a client that reads nothing (default 30s).
+    #[arg(long, env = "CHANGEHUB_WS_STALL", value_parser = parse_duration)]
+    pub ws_stall: Option<Duration>,
 }
 
 /// The TOML file: the same settings, plus per-channel tables.
@@ -196,6 +204,9 @@ struct FileConfig {
     ws_queue: Option<usize>,
     #[serde(default, with = "humantime_serde_opt")]
     ws_ping: Option<Duration>,
+    ws_queue_bytes: Option<usize>,
+    #[serde(default, with = "humantime_serde_opt")]
+    ws_stall: Option<Duration>,
     #[serde(default)]
     channels: BTreeMap<String, FileChannel>,
 }
@@ -246,6 +257,10 @@ pub struct LiveLimits {
     pub max_frame: usize,
     /// Outgoing frames queued per connection before a slow client is closed.
     pub queue: usize,
+    /// Outgoing bytes queued per connection (see `--ws-queue-bytes`).
+    pub queue_bytes: usize,
+    /// How long a replay waits for room before the client counts as not reading.
+    pub stall: Duration,
     pub ping: Duration,
 }
 
@@ -543,6 +558,16 @@ impl ServeArgs {
                     .unwrap_or(64),
                 max_frame: 64 * 1024,
                 queue: self.ws_queue.or(file.ws_queue).unwrap_or(256).max(1),
+                queue_bytes: self
+                    .ws_queue_bytes
+                    .or(file.ws_queue_bytes)
+                    .unwrap_or(1 << 20)
+                    .max(4096),
+                stall: self
+                    .ws_stall
+                    .or(file.ws_stall)
+                    .unwrap_or(Duration::from_secs(30))
+                    .max(Duration::from_millis(100)),
                 ping: self
                     .ws_ping
                     .or(file.ws_ping)

@@ -2,10 +2,13 @@
 //!
 //! One task per connection owns the socket: it reads client frames, writes queued frames and
 //! pings. One task per channel subscription runs a [`Follower`] and queues its frames on the
-//! connection's bounded queue. Replay waits for room in the queue (the log is the buffer);
-//! live frames never wait: when the queue is full the client is too slow, and the connection is
-//! closed with code 4008 and a reason naming the last seq written to the socket for that
-//! channel — where the client resumes (frames still queued are dropped, never half-sent).
+//! connection's bounded queue, each frame taking its size from the connection's byte budget
+//! (`--ws-queue-bytes`) until it is written. Replay waits for room (the log is the buffer), up
+//! to `--ws-stall`; live frames never wait. A live frame that finds no room, or a replay that
+//! waited too long, means the client is too slow: the connection is closed with code 4008 and
+//! a reason naming the last seq written to the socket for that channel — where the client
+//! resumes (frames still queued are dropped, never half-sent). So a connection holds at most
+//! its budget of frames, whatever it asks for.
 //!
 //! Limits, each answered clearly: connections per IP (429 before the upgrade), subscriptions
 //! per connection (`error` frame), frame size (close 1009), unknown or private channels
@@ -21,12 +24,13 @@ use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::AppState;
 use crate::auth;
+use crate::config::LiveLimits;
 use crate::live::follow::{Event, Follower};
 use crate::live::frames;
 use crate::model::Notification;
@@ -201,9 +205,14 @@ pub async fn upgrade(
         })
 }
 
-/// What subscription tasks hand to the connection task: a frame, and for frames carrying
-/// changes, their channel and last seq (so that a slow client is told where to resume).
-struct Out(Utf8Bytes, Option<(Arc<str>, u64)>);
+/// What subscription tasks hand to the connection task: a frame, for frames carrying
+/// changes their channel and last seq (so that a slow client is told where to resume), and
+/// the frame's share of the connection's byte budget, given back once it is written.
+struct Out(
+    Utf8Bytes,
+    Option<(Arc<str>, u64)>,
+    Option<OwnedSemaphorePermit>,
+);
 
 struct Connection {
     state: AppState,
@@ -216,6 +225,8 @@ struct Connection {
     /// Per channel, the last seq written to the socket (the subscription's start before any).
     written: HashMap<String, u64>,
     slow_counted: bool,
+    /// Bytes of change frames queued and not yet written (`--ws-queue-bytes`).
+    budget: Arc<Semaphore>,
 }
 
 async fn connection(socket: WebSocket, state: AppState, query_token: Option<String>) {
@@ -223,6 +234,7 @@ async fn connection(socket: WebSocket, state: AppState, query_token: Option<Stri
     let shutdown = state.shutdown.clone();
     let (mut sink, mut stream) = socket.split();
     let (tx, mut rx) = mpsc::channel::<Out>(limits.queue);
+    let budget = Arc::new(Semaphore::new(limits.queue_bytes));
     let mut conn = Connection {
         state,
         query_token,
@@ -232,6 +244,7 @@ async fn connection(socket: WebSocket, state: AppState, query_token: Option<Stri
         subscriptions: HashMap::new(),
         written: HashMap::new(),
         slow_counted: false,
+        budget,
     };
     let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + limits.ping, limits.ping);
     let close = |code: u16, mut reason: String| {
@@ -263,7 +276,7 @@ async fn connection(socket: WebSocket, state: AppState, query_token: Option<Stri
                 }
             },
             out = rx.recv() => match out {
-                Some(Out(frame, changes)) => {
+                Some(Out(frame, changes, _permit)) => {
                     let send = sink.send(Message::Text(frame));
                     tokio::pin!(send);
                     let sent = tokio::select! {
@@ -361,7 +374,7 @@ impl Connection {
 
     /// Queues a control frame; a full queue means the client is too slow.
     fn reply(&self, frame: String) {
-        if self.queue.try_send(Out(frame.into(), None)).is_err() {
+        if self.queue.try_send(Out(frame.into(), None, None)).is_err() {
             self.slow.cancel();
         }
     }
@@ -444,27 +457,40 @@ impl Connection {
             known.as_deref(),
         ));
         self.written.insert(channel.clone(), follower.cursor());
-        let task = tokio::spawn(follow(
-            follower,
-            Arc::from(channel.as_str()),
-            self.queue.clone(),
-            self.slow.clone(),
-            self.slow_channel.clone(),
-            state.connections.clone(),
-        ));
+        let outlet = Outlet {
+            queue: self.queue.clone(),
+            slow: self.slow.clone(),
+            slow_channel: self.slow_channel.clone(),
+            connections: state.connections.clone(),
+            budget: self.budget.clone(),
+            limits: state.config.live,
+        };
+        let task = tokio::spawn(follow(follower, Arc::from(channel.as_str()), outlet));
         self.subscriptions.insert(channel, task);
     }
 }
 
-/// Runs one subscription: queues the follower's frames on the connection.
-async fn follow(
-    mut follower: Follower,
-    channel: Arc<str>,
+/// Where a subscription puts its frames: the connection's queue and byte budget, and how it
+/// says that the client is too slow.
+struct Outlet {
     queue: mpsc::Sender<Out>,
     slow: CancellationToken,
     slow_channel: Arc<Mutex<Option<Arc<str>>>>,
     connections: Arc<Connections>,
-) {
+    budget: Arc<Semaphore>,
+    limits: LiveLimits,
+}
+
+/// Runs one subscription: queues the follower's frames on the connection.
+async fn follow(mut follower: Follower, channel: Arc<str>, outlet: Outlet) {
+    let Outlet {
+        queue,
+        slow,
+        slow_channel,
+        connections,
+        budget,
+        limits,
+    } = outlet;
     loop {
         let event = match follower.next().await {
             Ok(Some(event)) => event,
@@ -476,7 +502,7 @@ async fn follow(
                     Some(&channel),
                     "the store is unavailable; resubscribe with your cursor",
                 );
-                let _ = queue.send(Out(frame.into(), None)).await;
+                let _ = queue.send(Out(frame.into(), None, None)).await;
                 return;
             }
         };
@@ -485,7 +511,25 @@ async fn follow(
             Event::Live(n, 0) => connections.live_frame(n),
             _ => frames::event(&channel, &event, follower.epoch()).into(),
         };
-        let frame = Out(frame, last);
+        // Every frame takes its size from the byte budget (at most all of it), given back
+        // when it is written: a live frame that finds no room means the client is too slow; a
+        // replay waits for room, up to `stall`.
+        let cost = frame.len().clamp(1, limits.queue_bytes) as u32;
+        let permit = if matches!(event, Event::Live(..)) {
+            budget.clone().try_acquire_many_owned(cost).ok()
+        } else {
+            match tokio::time::timeout(limits.stall, budget.clone().acquire_many_owned(cost)).await
+            {
+                Ok(permit) => permit.ok(),
+                Err(_) => None,
+            }
+        };
+        let Some(permit) = permit else {
+            *slow_channel.lock().unwrap_or_else(|e| e.into_inner()) = Some(channel);
+            slow.cancel();
+            return;
+        };
+        let frame = Out(frame, last, Some(permit));
         if matches!(event, Event::Live(..)) {
             match queue.try_send(frame) {
                 Ok(()) => {}

@@ -410,3 +410,77 @@ async fn server_sent_events_resume_with_last_event_id() {
         .unwrap();
     assert_eq!(bad.status(), 400);
 }
+
+/// A websocket client that subscribes to everything and reads nothing holds no more than the
+/// byte budget of queued frames: its replay waits, then it is closed as a slow consumer
+/// (counted in `/api/live`), instead of holding the channel's whole log in memory. A client
+/// that reads gets everything through the same small budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_that_reads_nothing_is_bounded_then_closed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let hub = TestHub::start(|c| {
+        c.live.queue_bytes = 64 * 1024;
+        c.live.stall = Duration::from_millis(500);
+    })
+    .await;
+    // About 13 MB of frames: more than the socket buffers of loopback hold.
+    for round in 0..20 {
+        hub.push(&format!("r{round}"), 5_000).await;
+    }
+    hub.wait_published(100_000).await;
+
+    // A raw client with a small receive buffer: the handshake, one subscribe, then nothing.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stream = socket.connect(hub.addr).await.unwrap();
+    stream
+        .write_all(
+            b"GET /ws HTTP/1.1\r\nHost: hub\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+              Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        stream.read_exact(&mut byte).await.unwrap();
+        head.push(byte[0]);
+    }
+    assert!(head.starts_with(b"HTTP/1.1 101"));
+    let payload = br#"{"op":"subscribe","channel":"news","since":0}"#;
+    let mut frame = vec![0x81, 0x80 | payload.len() as u8, 1, 2, 3, 4];
+    frame.extend(
+        payload
+            .iter()
+            .enumerate()
+            .map(|(i, b)| b ^ [1, 2, 3, 4][i % 4]),
+    );
+    stream.write_all(&frame).await.unwrap();
+
+    wait_until("the client counted as slow", WAIT, || async {
+        admin_json(&hub.url, "/api/live").await["slow_closes"] == 1
+    })
+    .await;
+    // The hub lets go of it: whatever it wrote, the connection ends.
+    let ended = tokio::time::timeout(WAIT, async {
+        let mut buf = vec![0u8; 1 << 16];
+        let mut total = 0usize;
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return total,
+                Ok(n) => total += n,
+            }
+        }
+    })
+    .await
+    .expect("the hub closes a client that reads nothing");
+    // What it got before the close is bounded by the budget and the socket buffers, far from
+    // the 100,000 changes it asked for.
+    assert!(ended < 8 << 20, "{ended} bytes");
+
+    // A client that reads gets every change through the same budget.
+    let mut ws = WsClient::connect(&hub, "").await;
+    ws.subscribe(CHANNEL, Some(0)).await;
+    let (seqs, _) = ws.collect_until(100_000).await;
+    assert_eq!(seqs, (1..=100_000).collect::<Vec<u64>>());
+}
