@@ -4,7 +4,7 @@
 //! Channels declared at start-up (flags, the file) are here from the start and do not change.
 //! The admin API creates, changes and removes others while the hub runs; they are stored
 //! (`Store::put_channel`), so every instance on one store and every restart sees them, and
-//! [`crate::server::Hub::apply_channel`] brings this registry in line with the store.
+//! [`crate::server::Control::apply`] brings this registry in line with the store.
 //!
 //! Readers take a snapshot of one entry ([`Hosted::get`]) and keep no lock: a change
 //! replaces the entry's settings for the next request; a removal takes the channel away for
