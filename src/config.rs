@@ -156,6 +156,17 @@ pub struct ServeArgs {
     /// waits longer than `--ws-stall`.
     #[arg(long, env = "CHANGEHUB_WS_QUEUE_BYTES")]
     pub ws_queue_bytes: Option<usize>,
+    /// Most connections at once (default: 10,000, or less when the open-file limit is lower);
+    /// past it a connection gets 503 at once.
+    #[arg(long, env = "CHANGEHUB_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
+    /// Most connections at once from one client address (default 1000); past it, 429.
+    #[arg(long, env = "CHANGEHUB_MAX_CONNECTIONS_PER_IP")]
+    pub max_connections_per_ip: Option<usize>,
+    /// How long a client may take to send a request's headers, and how long an idle
+    /// keep-alive connection stays open (default 10s).
+    #[arg(long, env = "CHANGEHUB_HEADER_READ_TIMEOUT", value_parser = parse_duration)]
+    pub header_read_timeout: Option<Duration>,
     /// How long a websocket replay waits for a client that reads nothing (default 30s).
     #[arg(long, env = "CHANGEHUB_WS_STALL", value_parser = parse_duration)]
     pub ws_stall: Option<Duration>,
@@ -207,6 +218,10 @@ struct FileConfig {
     ws_queue_bytes: Option<usize>,
     #[serde(default, with = "humantime_serde_opt")]
     ws_stall: Option<Duration>,
+    max_connections: Option<usize>,
+    max_connections_per_ip: Option<usize>,
+    #[serde(default, with = "humantime_serde_opt")]
+    header_read_timeout: Option<Duration>,
     #[serde(default)]
     channels: BTreeMap<String, FileChannel>,
 }
@@ -247,6 +262,21 @@ pub enum StoreConfig {
 /// A hosted channel's settings (see [`crate::model::ChannelSpec`]).
 pub type ChannelConfig = crate::model::ChannelSpec;
 pub use crate::model::{Publisher, DEFAULT_PUBLISHER};
+
+/// Limits of plain HTTP connections (see `http::listen`).
+#[derive(Debug, Clone, Copy)]
+pub struct HttpLimits {
+    pub max_connections: usize,
+    pub max_connections_per_ip: usize,
+    pub header_read_timeout: Duration,
+}
+
+/// The soft limit of open files of this process, where the system says it.
+pub fn open_file_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
+}
 
 /// Limits of the websocket endpoint.
 #[derive(Debug, Clone, Copy)]
@@ -295,6 +325,7 @@ pub struct Config {
     pub signature_algorithm: Algorithm,
     pub trim_interval: Duration,
     pub live: LiveLimits,
+    pub http: HttpLimits,
 }
 
 impl Config {
@@ -547,6 +578,27 @@ impl ServeArgs {
                 .trim_interval
                 .unwrap_or(Duration::from_secs(10))
                 .max(Duration::from_millis(10)),
+            http: HttpLimits {
+                max_connections: self
+                    .max_connections
+                    .or(file.max_connections)
+                    .unwrap_or_else(|| {
+                        // Leave room for the store, outbound deliveries and the listener.
+                        let fds = open_file_limit().unwrap_or(u64::MAX);
+                        (fds.saturating_sub(256) as usize).clamp(16, 10_000)
+                    })
+                    .max(1),
+                max_connections_per_ip: self
+                    .max_connections_per_ip
+                    .or(file.max_connections_per_ip)
+                    .unwrap_or(1000)
+                    .max(1),
+                header_read_timeout: self
+                    .header_read_timeout
+                    .or(file.header_read_timeout)
+                    .unwrap_or(Duration::from_secs(10))
+                    .max(Duration::from_millis(100)),
+            },
             live: LiveLimits {
                 max_connections_per_ip: self
                     .ws_max_connections_per_ip

@@ -73,6 +73,13 @@ pub async fn run(
     };
     // Declared ones and those of the admin API, by name.
     let channels = hub.feeds.names();
+    if let Some(fds) = crate::config::open_file_limit().filter(|&n| n < 4096) {
+        tracing::warn!(
+            open_file_limit = fds,
+            max_connections = config.http.max_connections,
+            "the open-file limit is low: the hub takes at most max_connections connections; raise it (ulimit -n) for more"
+        );
+    }
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
         listen = %listener.local_addr()?,
@@ -81,6 +88,7 @@ pub async fn run(
         store = %store_summary(&config.store),
         channels = %channels.join(","),
         admin_api = if config.admin_token.is_some() { "on" } else { "off (no --admin-token)" },
+        max_connections = config.http.max_connections,
         subscriptions = hub.resumed,
         "changehub serving"
     );

@@ -20,6 +20,7 @@ mod dashboard;
 mod error;
 mod health;
 mod ingest;
+mod listen;
 mod metrics;
 mod sse;
 mod websub;
@@ -31,7 +32,6 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{delete, get, post};
 use axum::Router;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -147,12 +147,8 @@ pub async fn serve(
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let websockets = state.connections.clone();
-    let served = axum::serve(
-        listener,
-        router(state).into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(stop)
-    .await;
+    let limits = state.config.http;
+    let served = listen::serve(listener, router(state), limits, stop).await;
     // Upgraded connections are not requests in flight: wait for them to send their close
     // frame (1001) before the hub goes on stopping, and the process exits.
     websockets.tasks.close();

@@ -15,6 +15,7 @@ mod crash;
 mod end_to_end;
 mod external;
 mod golden;
+mod limits;
 mod live;
 mod logs;
 mod metrics;
