@@ -48,10 +48,17 @@ impl ApiError {
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> ApiError {
         tracing::error!(error = %e, "store error");
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the store is unavailable; try again",
-        )
+        match e {
+            StoreError::OutcomeUnknown(_) => ApiError::new(
+                StatusCode::GATEWAY_TIMEOUT,
+                "the store did not confirm the write in time: it may have happened. Retry with \
+                 the same Idempotency-Key, and it counts once",
+            ),
+            _ => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the store is unavailable; try again",
+            ),
+        }
     }
 }
 

@@ -37,6 +37,10 @@ pub const IDEMPOTENCY_TTL: Duration = Duration::from_secs(24 * 3600);
 pub enum StoreError {
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// A write whose answer never came (a timeout, a connection lost while waiting): it may
+    /// have happened or not.
+    #[error("the store did not confirm the write: {0}")]
+    OutcomeUnknown(String),
     #[error("idempotency key was used before with a different request")]
     IdempotencyConflict,
     #[error("corrupt record: {0}")]

@@ -91,6 +91,25 @@ impl RedisServer {
         matches!(s.read(&mut buf), Ok(n) if buf[..n].starts_with(b"+PONG"))
     }
 
+    /// SIGSTOP: the server stops answering (requests wait in its socket), as a hung Redis.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// SIGCONT after [`RedisServer::pause`]: it answers what waited.
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, which: &str) {
+        let pid = self.child.as_ref().expect("running").id();
+        let status = Command::new("kill")
+            .args([which, &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
     /// SIGKILL, as a crash.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

@@ -1046,3 +1046,44 @@ async fn all_seqs_of(hub: &str, name: &str) -> Vec<u64> {
         .map(|p| p.split('"').next().unwrap().parse().unwrap())
         .collect()
 }
+
+/// A write Redis never confirms (Redis hung) is a 504 that says it may have happened, not a
+/// 503; retrying it with the same Idempotency-Key makes it count exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unconfirmed_write_is_a_504_and_its_retry_counts_once() {
+    let redis = RedisServer::start(false);
+    let url = redis.url();
+    let hub = TestHub::start(move |c| {
+        c.store = changehub::config::StoreConfig::Redis { url };
+    })
+    .await;
+    hub.push("before", 1).await;
+    let push = || {
+        hub.client
+            .post(format!("{}/channels/{CHANNEL}/changes", hub.url))
+            .bearer_auth(TOKEN)
+            .header("idempotency-key", "the-one")
+            .json(&serde_json::json!({"loc": "http://example.com/x", "change": "created"}))
+            .send()
+    };
+    redis.pause();
+    let resp = tokio::time::timeout(Duration::from_secs(20), push())
+        .await
+        .expect("an answer while Redis hangs")
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::GATEWAY_TIMEOUT);
+    let text = resp.text().await.unwrap();
+    assert!(
+        text.contains("may have happened") && text.contains("Idempotency-Key"),
+        "{text}"
+    );
+    redis.resume();
+    let retried = push().await.unwrap();
+    assert_eq!(retried.status(), StatusCode::ACCEPTED);
+    let answer: serde_json::Value = retried.json().await.unwrap();
+    assert_eq!(
+        (answer["first"].as_u64(), answer["last"].as_u64()),
+        (Some(2), Some(2))
+    );
+    assert_eq!(all_seqs_of(&hub.url, CHANNEL).await, [1, 2], "exactly once");
+}

@@ -9,7 +9,7 @@ use time::OffsetDateTime;
 use tokio::sync::watch;
 
 use super::events::raise;
-use super::{decode, key, timed, RedisStore, EVENTS};
+use super::{decode, key, timed, timed_write, RedisStore, EVENTS};
 use crate::model::{Change, ChangeType, Link, NewChange, Retention};
 use crate::store::{
     new_epoch, Appended, ChannelHead, IdempotencyKey, Origin, StoreError, IDEMPOTENCY_TTL,
@@ -149,7 +149,7 @@ pub(super) async fn append(
     }
     let mut conn = store.conn();
     let (status, accepted, first, last): (u8, u64, u64, u64) =
-        timed(invocation.invoke_async(&mut conn)).await?;
+        timed_write(invocation.invoke_async(&mut conn)).await?;
     match status {
         0 => {
             raise(&store.heads, channel, last);

@@ -94,6 +94,25 @@ fn unavailable(e: impl std::fmt::Display) -> StoreError {
     StoreError::Unavailable(e.to_string())
 }
 
+/// Runs one write with the store's deadline. A timeout, or a connection lost while waiting for
+/// the answer, may come after Redis applied the write: its outcome is unknown.
+async fn timed_write<T>(f: impl Future<Output = RedisResult<T>>) -> Result<T, StoreError> {
+    match tokio::time::timeout(OP_TIMEOUT, f).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) if e.is_timeout() || e.is_connection_dropped() => {
+            metrics::counter!("changehub_store_errors_total").increment(1);
+            Err(StoreError::OutcomeUnknown(e.to_string()))
+        }
+        Ok(Err(e)) => Err(unavailable(e)),
+        Err(_) => {
+            metrics::counter!("changehub_store_errors_total").increment(1);
+            Err(StoreError::OutcomeUnknown(
+                "redis did not answer in time".into(),
+            ))
+        }
+    }
+}
+
 /// Runs one Redis call with the store's deadline.
 async fn timed<T>(f: impl Future<Output = RedisResult<T>>) -> Result<T, StoreError> {
     match tokio::time::timeout(OP_TIMEOUT, f).await {
