@@ -190,7 +190,7 @@ impl Fanout {
         let mut started = 0;
         for sub in subs {
             if self.feed(&sub.channel).is_none() {
-                tracing::warn!(channel = %sub.channel, callback = %sub.callback,
+                tracing::warn!(channel = %sub.channel, callback = %crate::net::shown(&sub.callback),
                     "subscription to a channel that is no longer configured; keeping it idle");
                 continue;
             }

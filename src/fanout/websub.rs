@@ -190,7 +190,7 @@ pub async fn process(fanout: Arc<Fanout>, external: Arc<External>, request: Requ
     match verify(&fanout, &request, lease).await {
         Ok(()) => {}
         Err(reason) => {
-            tracing::info!(callback = %request.callback, topic = %request.topic, %reason,
+            tracing::info!(callback = %crate::net::shown(request.callback.as_str()), topic = %request.topic, %reason,
                 "verification of intent failed; nothing changed");
             return;
         }
@@ -212,11 +212,11 @@ pub async fn process(fanout: Arc<Fanout>, external: Arc<External>, request: Requ
                 expires_at: verified_at + lease,
                 created_at: verified_at,
             };
-            tracing::info!(callback = %sub.callback, topic = %sub.topic, lease = sub.lease_seconds, "subscription verified");
+            tracing::info!(callback = %crate::net::shown(&sub.callback), topic = %sub.topic, lease = sub.lease_seconds, "subscription verified");
             fanout.activate(sub).await
         }
         Mode::Unsubscribe => {
-            tracing::info!(callback = %request.callback, topic = %request.topic, "unsubscription verified");
+            tracing::info!(callback = %crate::net::shown(request.callback.as_str()), topic = %request.topic, "unsubscription verified");
             fanout.remove(&id).await.map(|_| ())
         }
     };
@@ -275,7 +275,7 @@ async fn deny(fanout: &Fanout, request: &Request, reason: &str) {
         .append_pair("hub.mode", "denied")
         .append_pair("hub.topic", &request.topic)
         .append_pair("hub.reason", reason);
-    tracing::info!(callback = %request.callback, topic = %request.topic, reason, "subscription denied");
+    tracing::info!(callback = %crate::net::shown(request.callback.as_str()), topic = %request.topic, reason, "subscription denied");
     if let Err(e) = fanout.client.get(url).send().await {
         tracing::debug!(error = %e, "denial notice not delivered");
     }

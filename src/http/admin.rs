@@ -345,7 +345,7 @@ pub async fn subscriptions(
             id: sub.id.clone(),
             channel: sub.channel.clone(),
             topic: sub.topic.clone(),
-            callback: sub.callback.clone(),
+            callback: crate::net::shown(&sub.callback).into_owned(),
             external: sub.channel.starts_with(external::CHANNEL_PREFIX),
             verified: true,
             has_secret: sub.secret.is_some(),

@@ -326,7 +326,14 @@ pub async fn capability_list(
 
 /// `GET /.well-known/resourcesync`
 pub async fn source_description(State(state): State<AppState>) -> Response {
-    let names = state.feeds.names();
+    // Private channels are not listed: their names are theirs to give.
+    let names: Vec<String> = state
+        .feeds
+        .all()
+        .into_iter()
+        .filter(|c| c.spec.read_token.is_none())
+        .map(|c| c.spec.name.to_string())
+        .collect();
     xml(catchup::source_description(
         &state.config.urls,
         names.iter().map(String::as_str),

@@ -58,7 +58,11 @@ pub async fn channels(
     State(state): State<AppState>,
 ) -> Result<Json<Vec<ChannelSummary>>, ApiError> {
     let mut out = Vec::with_capacity(state.feeds.len());
+    // Private channels are not listed: their names are theirs to give.
     for channel in state.feeds.all() {
+        if channel.spec.read_token.is_some() {
+            continue;
+        }
         let name = &channel.spec.name;
         let head = state.store.head(name).await?;
         out.push(ChannelSummary {

@@ -121,6 +121,9 @@ pub fn router(state: AppState) -> Router {
         .route("/api/subscriptions/{id}/redeliver", post(admin::redeliver))
         .merge(documents)
         .layer(axum::extract::DefaultBodyLimit::max(state.config.max_body))
+        // `Content-Encoding: gzip` bodies are decoded (the limits above apply to what comes
+        // out); any other encoding is refused with 415 instead of being taken as plain.
+        .layer(tower_http::decompression::RequestDecompressionLayer::new())
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(panicked))
         .with_state(state)
 }

@@ -221,7 +221,13 @@ fn check_uri(uri: &str) -> Result<(), String> {
     if parsed.scheme() != "http" && parsed.scheme() != "https" {
         return Err("must be an http or https URI".into());
     }
-    if parsed.host().is_none() {
+    // The parser reads `http:///a` as host `a`: the text itself must name a host.
+    let authority = uri
+        .split_once("://")
+        .map(|(_, rest)| rest.split(['/', '?', '#']).next().unwrap_or(""))
+        .unwrap_or("");
+    let host = authority.rsplit('@').next().unwrap_or("");
+    if parsed.host().is_none() || host.is_empty() || host.starts_with(':') {
         return Err("has no host".into());
     }
     if uri.chars().any(|c| c.is_control() || c.is_whitespace()) {
@@ -384,7 +390,19 @@ mod tests {
     #[test]
     fn validation_rules() {
         assert!(new("http://example.com/a").validate().is_ok());
+        assert!(new("https://user@example.com:8443/a?b#c")
+            .validate()
+            .is_ok());
         assert!(new("/relative").validate().is_err());
+        for hostless in [
+            "http:///a",
+            "http://",
+            "https:///",
+            "http://user@/a",
+            "http://:80/a",
+        ] {
+            assert!(new(hostless).validate().is_err(), "{hostless}");
+        }
         assert!(new("ftp://example.com/a").validate().is_err());
         assert!(
             new(&format!("http://example.com/{}", "a".repeat(MAX_URI_LEN)))

@@ -17,4 +17,4 @@ pub mod urls;
 
 pub use client::{check_target, outbound_client, TargetError};
 pub use link::{hub_links, parse_links, LinkValue};
-pub use urls::Urls;
+pub use urls::{shown, Urls};

@@ -117,9 +117,33 @@ impl Urls {
     }
 }
 
+/// `url` as it may be shown (logs, the admin API): a user name and password in it
+/// (`https://user:pass@host/…`) become `***`.
+pub fn shown(url: &str) -> std::borrow::Cow<'_, str> {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.into();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{scheme}://***{}", &rest[at..]).into(),
+        None => url.into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn credentials_in_urls_are_not_shown() {
+        assert_eq!(
+            shown("https://u:p@h.example/cb?x=1"),
+            "https://***@h.example/cb?x=1"
+        );
+        assert_eq!(shown("http://h.example/a@b"), "http://h.example/a@b");
+        assert_eq!(shown("http://h.example/"), "http://h.example/");
+        assert_eq!(shown("not a url"), "not a url");
+    }
 
     #[test]
     fn bare_host_and_path_prefix() {

@@ -534,3 +534,57 @@ async fn bodies_are_bounded_per_route_and_read_only_after_authentication() {
     let answer = String::from_utf8_lossy(&answer[..n]).to_string();
     assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
 }
+
+/// Bodies with a `Content-Encoding`: gzip is decoded (and the body limit applies to what comes
+/// out, so a small bomb is refused), any other encoding is refused with 415; nothing refused
+/// is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn encoded_bodies_are_decoded_or_refused() {
+    use flate2::write::GzEncoder;
+    use std::io::Write;
+    let hub = TestHub::start(|c| c.max_body = 1 << 20).await;
+    let gzip = |bytes: &[u8]| {
+        let mut encoder = GzEncoder::new(Vec::new(), flate2::Compression::default());
+        encoder.write_all(bytes).unwrap();
+        encoder.finish().unwrap()
+    };
+    let post = |encoding: &'static str, body: Vec<u8>| {
+        hub.client
+            .post(format!("{}/channels/{CHANNEL}/changes", hub.url))
+            .bearer_auth(TOKEN)
+            .header("content-type", "application/json")
+            .header("content-encoding", encoding)
+            .body(body)
+            .send()
+    };
+    let change = br#"{"loc": "http://example.com/zipped", "change": "created"}"#;
+    let resp = post("gzip", gzip(change)).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::ACCEPTED);
+    for encoding in ["br", "deflate-ish", "compress"] {
+        let resp = post(encoding, change.to_vec()).await.unwrap();
+        assert_eq!(
+            resp.status(),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "{encoding}"
+        );
+    }
+    // 64 MiB of spaces around a change, 64 KiB on the wire.
+    let mut bomb = vec![b' '; 64 << 20];
+    bomb[..change.len()].copy_from_slice(change);
+    let resp = post("gzip", gzip(&bomb)).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let body = hub
+        .client
+        .get(format!("{}/channels/{CHANNEL}/changes?after=0", hub.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        body.matches("<url>").count(),
+        1,
+        "only the good one is stored"
+    );
+}

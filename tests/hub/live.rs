@@ -295,6 +295,23 @@ async fn limits_and_errors_are_clear() {
             .status(),
         200
     );
+    // Nor is it listed where anyone looks: the dashboard's list, the Source Description.
+    for listing in ["/channels", "/.well-known/resourcesync"] {
+        let text = hub
+            .client
+            .get(format!("{}{listing}", hub.url))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(text.contains(CHANNEL), "{listing}: {text}");
+        assert!(
+            !text.contains("secret"),
+            "{listing} lists the private channel: {text}"
+        );
+    }
     let receiver = Receiver::start(Behaviour::default()).await;
     let topic = format!("{}/channels/secret/changelist.xml", hub.url);
     hub.hub_request(&[

@@ -94,7 +94,7 @@ impl Worker {
         let sub = self.sub_rx.borrow_and_update().clone();
         let now = OffsetDateTime::now_utc();
         if sub.expires_at <= now {
-            tracing::info!(callback = %sub.callback, topic = %sub.topic, "lease expired; subscription removed");
+            tracing::info!(callback = %crate::net::shown(&sub.callback), topic = %sub.topic, "lease expired; subscription removed");
             return self.end(&sub).await;
         }
         let until_expiry = to_std(sub.expires_at - now);

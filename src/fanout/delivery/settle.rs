@@ -179,13 +179,13 @@ impl Settled {
         match self {
             Settled::Delivered => {
                 if failing {
-                    tracing::info!(callback = %sub.callback, %what, "delivery recovered");
+                    tracing::info!(callback = %crate::net::shown(&sub.callback), %what, "delivery recovered");
                 }
                 state.last_success = Some(now);
                 state.last_error = None;
             }
             Settled::Gone => {
-                tracing::info!(callback = %sub.callback, "callback answered 410 Gone; subscription removed");
+                tracing::info!(callback = %crate::net::shown(&sub.callback), "callback answered 410 Gone; subscription removed");
             }
             Settled::WillRetry {
                 attempts,
@@ -193,16 +193,16 @@ impl Settled {
                 reason,
             } => {
                 if failing {
-                    tracing::debug!(callback = %sub.callback, %what, attempts, %reason, ?delay,
+                    tracing::debug!(callback = %crate::net::shown(&sub.callback), %what, attempts, %reason, ?delay,
                         "delivery failed; will retry");
                 } else {
-                    tracing::warn!(callback = %sub.callback, %what, %reason, ?delay,
+                    tracing::warn!(callback = %crate::net::shown(&sub.callback), %what, %reason, ?delay,
                         "delivery failing; will retry (logged again when it recovers or gives up)");
                 }
                 state.last_error = Some(reason.clone());
             }
             Settled::GaveUp { attempts, reason } => {
-                tracing::warn!(callback = %sub.callback, %what, attempts, %reason,
+                tracing::warn!(callback = %crate::net::shown(&sub.callback), %what, attempts, %reason,
                     "giving up after retrying");
                 state.last_error = Some(format!(
                     "gave up on {what} after {attempts} attempts: {reason}"

@@ -94,12 +94,14 @@ fn unavailable(e: impl std::fmt::Display) -> StoreError {
     StoreError::Unavailable(e.to_string())
 }
 
-/// Runs one write with the store's deadline. A timeout, or a connection lost while waiting for
-/// the answer, may come after Redis applied the write: its outcome is unknown.
+/// Runs one write with the store's deadline. A timeout may come after Redis applied the
+/// write: its outcome is unknown. (A connection that fails is taken as a refusal: the
+/// connection manager cannot tell a write lost on the way from one whose answer was lost, and
+/// a Redis that is down refuses every later write plainly.)
 async fn timed_write<T>(f: impl Future<Output = RedisResult<T>>) -> Result<T, StoreError> {
     match tokio::time::timeout(OP_TIMEOUT, f).await {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) if e.is_timeout() || e.is_connection_dropped() => {
+        Ok(Err(e)) if e.is_timeout() => {
             metrics::counter!("changehub_store_errors_total").increment(1);
             Err(StoreError::OutcomeUnknown(e.to_string()))
         }
