@@ -203,9 +203,11 @@ impl TestHub {
             &format!("{channel} published up to {seq}"),
             Duration::from_secs(10),
             || async {
+                // The admin API lists private channels too (`/channels` does not).
                 let channels: serde_json::Value = self
                     .client
-                    .get(format!("{}/channels", self.url))
+                    .get(format!("{}/api/channels", self.url))
+                    .bearer_auth(ADMIN)
                     .send()
                     .await
                     .unwrap()
