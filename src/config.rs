@@ -167,6 +167,9 @@ pub struct ServeArgs {
     /// keep-alive connection stays open (default 10s).
     #[arg(long, env = "CHANGEHUB_HEADER_READ_TIMEOUT", value_parser = parse_duration)]
     pub header_read_timeout: Option<Duration>,
+    /// How long a client may take to send a request body (default 30s; 408 past it).
+    #[arg(long, env = "CHANGEHUB_BODY_TIMEOUT", value_parser = parse_duration)]
+    pub body_timeout: Option<Duration>,
     /// How long a websocket replay waits for a client that reads nothing (default 30s).
     #[arg(long, env = "CHANGEHUB_WS_STALL", value_parser = parse_duration)]
     pub ws_stall: Option<Duration>,
@@ -222,6 +225,8 @@ struct FileConfig {
     max_connections_per_ip: Option<usize>,
     #[serde(default, with = "humantime_serde_opt")]
     header_read_timeout: Option<Duration>,
+    #[serde(default, with = "humantime_serde_opt")]
+    body_timeout: Option<Duration>,
     #[serde(default)]
     channels: BTreeMap<String, FileChannel>,
 }
@@ -269,6 +274,8 @@ pub struct HttpLimits {
     pub max_connections: usize,
     pub max_connections_per_ip: usize,
     pub header_read_timeout: Duration,
+    /// How long a request body may take to arrive.
+    pub body_timeout: Duration,
 }
 
 /// The soft limit of open files of this process, where the system says it.
@@ -597,6 +604,11 @@ impl ServeArgs {
                     .header_read_timeout
                     .or(file.header_read_timeout)
                     .unwrap_or(Duration::from_secs(10))
+                    .max(Duration::from_millis(100)),
+                body_timeout: self
+                    .body_timeout
+                    .or(file.body_timeout)
+                    .unwrap_or(Duration::from_secs(30))
                     .max(Duration::from_millis(100)),
             },
             live: LiveLimits {

@@ -172,7 +172,7 @@ pub async fn put_channel(
 ) -> Result<Response, ApiError> {
     authorize(&state, &headers)?;
     declared_at_start_up(&state, &name)?;
-    let body = super::read_body(body, CHANNEL_BODY_LIMIT).await?;
+    let body = super::read_body(body, CHANNEL_BODY_LIMIT, state.config.http.body_timeout).await?;
     let body: ChannelBody = serde_json::from_slice(&body).map_err(|e| {
         ApiError::bad_request(format!(
             "expected {{\"publishers\": {{NAME: TOKEN, …}}, \"read_token\", \"retain_changes\", \"retain_for\", \"archive_every\"}}: {e}"
@@ -411,7 +411,7 @@ pub async fn redeliver(
 ) -> Result<Response, ApiError> {
     // The token first: nothing of the body is read for a caller without it.
     authorize(&state, &headers)?;
-    let body = super::read_body(body, REDELIVER_BODY_LIMIT).await?;
+    let body = super::read_body(body, REDELIVER_BODY_LIMIT, state.config.http.body_timeout).await?;
     let from = match query.from {
         Some(s) => s
             .parse::<u64>()

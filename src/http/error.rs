@@ -83,6 +83,17 @@ impl IntoResponse for ApiError {
                 http::HeaderValue::from_static("Bearer"),
             );
         }
+        // A body refused before it was all read is not drained: the connection cannot carry
+        // another request, and the client must know not to reuse it.
+        if matches!(
+            self.status,
+            StatusCode::PAYLOAD_TOO_LARGE | StatusCode::REQUEST_TIMEOUT
+        ) {
+            headers.insert(
+                http::header::CONNECTION,
+                http::HeaderValue::from_static("close"),
+            );
+        }
         if self.status == StatusCode::SERVICE_UNAVAILABLE {
             headers.insert(
                 http::header::RETRY_AFTER,

@@ -49,13 +49,8 @@ pub async fn post_changes(
         }
     };
 
-    let max_body = state.config.max_body;
-    let bytes = axum::body::to_bytes(body, max_body).await.map_err(|_| {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("body larger than {max_body} bytes"),
-        )
-    })?;
+    let bytes =
+        super::read_body(body, state.config.max_body, state.config.http.body_timeout).await?;
     let appended = ingest::accept(
         state.store.as_ref(),
         &name,

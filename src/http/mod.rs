@@ -167,13 +167,14 @@ pub async fn serve(
 /// How long shutdown waits for websockets to send their close frames.
 const WEBSOCKET_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// How long a client may take to send a request body.
-pub const BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// Reads a request body of at most `limit` bytes within [`BODY_TIMEOUT`]: 413 when larger,
-/// 408 when too slow.
-pub async fn read_body(body: axum::body::Body, limit: usize) -> Result<bytes::Bytes, ApiError> {
-    match tokio::time::timeout(BODY_TIMEOUT, axum::body::to_bytes(body, limit)).await {
+/// Reads a request body of at most `limit` bytes within `within` (`--body-timeout`): 413
+/// when larger, 408 when too slow.
+pub async fn read_body(
+    body: axum::body::Body,
+    limit: usize,
+    within: std::time::Duration,
+) -> Result<bytes::Bytes, ApiError> {
+    match tokio::time::timeout(within, axum::body::to_bytes(body, limit)).await {
         Ok(Ok(bytes)) => Ok(bytes),
         Ok(Err(_)) => Err(ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -183,7 +184,7 @@ pub async fn read_body(body: axum::body::Body, limit: usize) -> Result<bytes::By
             StatusCode::REQUEST_TIMEOUT,
             format!(
                 "the body did not arrive within {}",
-                humantime::format_duration(BODY_TIMEOUT)
+                humantime::format_duration(within)
             ),
         )),
     }

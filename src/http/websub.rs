@@ -42,7 +42,7 @@ pub async fn hub(State(state): State<AppState>, headers: HeaderMap, body: Body) 
     } else {
         FORM_LIMIT
     };
-    let body: Bytes = match super::read_body(body, limit).await {
+    let body: Bytes = match super::read_body(body, limit, state.config.http.body_timeout).await {
         Ok(b) => b,
         Err(e) => return e.into_response(),
     };

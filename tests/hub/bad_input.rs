@@ -588,3 +588,52 @@ async fn encoded_bodies_are_decoded_or_refused() {
         "only the good one is stored"
     );
 }
+
+/// A body that trickles in is cut off with 408 after `--body-timeout`, and nothing of it is
+/// stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_trickles_in_gets_408() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let hub = TestHub::start(|c| c.http.body_timeout = Duration::from_millis(500)).await;
+    let mut stream = tokio::net::TcpStream::connect(hub.addr).await.unwrap();
+    let body = br#"[{"loc": "http://example.com/slow", "change": "created"}]"#;
+    stream
+        .write_all(
+            format!(
+                "POST /channels/{CHANNEL}/changes HTTP/1.1\r\nHost: hub\r\nAuthorization: Bearer {TOKEN}\r\n\
+                 Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let writer = tokio::spawn(async move {
+        for byte in body {
+            if stream.write_all(&[*byte]).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        stream
+    });
+    let mut stream = writer.await.unwrap();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer)).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let (status, json) = hub.push_json(serde_json::json!([])).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{json}");
+    let stored = hub
+        .client
+        .get(format!("{}/channels/{CHANNEL}/changes?after=0", hub.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!stored.contains("slow"), "{stored}");
+}
