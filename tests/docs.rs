@@ -79,6 +79,7 @@ fn markdown_files() -> Vec<PathBuf> {
         root().join("README.md"),
         root().join("ARCHITECTURE.md"),
         root().join("CONTRIBUTING.md"),
+        root().join("SECURITY.md"),
     ];
     for dir in ["docs", "proto"] {
         for entry in std::fs::read_dir(root().join(dir)).unwrap() {
