@@ -106,6 +106,12 @@ pub struct ServeArgs {
     /// that date, since datetimes never go backwards within a channel.
     #[arg(long, env = "CHANGEHUB_MAX_FUTURE", value_parser = parse_duration)]
     pub max_future: Option<Duration>,
+    /// Most subscriptions to one topic (default 10000); past it a subscription is denied.
+    #[arg(long, env = "CHANGEHUB_MAX_SUBSCRIPTIONS_PER_TOPIC")]
+    pub max_subscriptions_per_topic: Option<usize>,
+    /// Most subscriptions whose callbacks are on one host (default 1000); past it, denied.
+    #[arg(long, env = "CHANGEHUB_MAX_SUBSCRIPTIONS_PER_HOST")]
+    pub max_subscriptions_per_host: Option<usize>,
     /// First retry delay; later ones double, with jitter (default 5s).
     #[arg(long, env = "CHANGEHUB_RETRY_INITIAL", value_parser = parse_duration)]
     pub retry_initial: Option<Duration>,
@@ -202,6 +208,8 @@ struct FileConfig {
     retry_for: Option<Duration>,
     #[serde(default, with = "humantime_serde_opt")]
     max_future: Option<Duration>,
+    max_subscriptions_per_topic: Option<usize>,
+    max_subscriptions_per_host: Option<usize>,
     #[serde(default, with = "humantime_serde_opt")]
     retry_initial: Option<Duration>,
     #[serde(default, with = "humantime_serde_opt")]
@@ -326,6 +334,9 @@ pub struct Config {
     pub retry_for: Duration,
     /// How far in the future a change's datetime may be (`--max-future`).
     pub max_future: Duration,
+    /// Most subscriptions per topic, and per callback host.
+    pub max_subscriptions_per_topic: usize,
+    pub max_subscriptions_per_host: usize,
     pub retry_initial: Duration,
     pub retry_max: Duration,
     pub delivery_timeout: Duration,
@@ -568,6 +579,16 @@ impl ServeArgs {
                 .max_future
                 .or(file.max_future)
                 .unwrap_or(Duration::from_secs(86_400)),
+            max_subscriptions_per_topic: self
+                .max_subscriptions_per_topic
+                .or(file.max_subscriptions_per_topic)
+                .unwrap_or(10_000)
+                .max(1),
+            max_subscriptions_per_host: self
+                .max_subscriptions_per_host
+                .or(file.max_subscriptions_per_host)
+                .unwrap_or(1000)
+                .max(1),
             retry_initial: self
                 .retry_initial
                 .or(file.retry_initial)

@@ -186,6 +186,12 @@ pub async fn process(fanout: Arc<Fanout>, external: Arc<External>, request: Requ
         .map(Duration::from_secs)
         .unwrap_or(config.lease_default)
         .clamp(config.lease_min, config.lease_max);
+    if request.mode == Mode::Subscribe {
+        if let Some(reason) = over_a_cap(&fanout, &request).await {
+            deny(&fanout, &request, &reason).await;
+            return;
+        }
+    }
     let verified_at = OffsetDateTime::now_utc();
     match verify(&fanout, &request, lease).await {
         Ok(()) => {}
@@ -223,6 +229,37 @@ pub async fn process(fanout: Arc<Fanout>, external: Arc<External>, request: Requ
     if let Err(e) = result {
         tracing::error!(error = %e, "cannot store the verified subscription change");
     }
+}
+
+/// Why a new subscription would be one too many (`--max-subscriptions-per-topic` and
+/// `-per-host`); a renewal of an existing one never is. When the store cannot say, the
+/// subscription goes on (the store failure shows when it is stored).
+async fn over_a_cap(fanout: &Fanout, request: &Request) -> Option<String> {
+    let id = subscription_id(&request.topic, request.callback.as_str());
+    let subs = fanout.store.subscriptions().await.ok()?;
+    if subs.iter().any(|s| s.id == id) {
+        return None;
+    }
+    let config = &fanout.config;
+    let on_topic = subs.iter().filter(|s| s.topic == request.topic).count();
+    if on_topic >= config.max_subscriptions_per_topic {
+        return Some(format!(
+            "this topic has the most subscriptions this hub takes ({})",
+            config.max_subscriptions_per_topic
+        ));
+    }
+    let host = request.callback.host_str().unwrap_or("");
+    let on_host = subs
+        .iter()
+        .filter(|s| url::Url::parse(&s.callback).is_ok_and(|u| u.host_str() == Some(host)))
+        .count();
+    if on_host >= config.max_subscriptions_per_host {
+        return Some(format!(
+            "callbacks on {host} have the most subscriptions this hub takes ({})",
+            config.max_subscriptions_per_host
+        ));
+    }
+    None
 }
 
 /// The verification GET: 2xx with a body equal to the challenge, nothing else.

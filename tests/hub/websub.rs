@@ -361,3 +361,53 @@ async fn given_up_notification_leaves_the_subscription() {
     receiver.wait_seq(2, WAIT).await;
     assert_eq!(hub.subscriptions().await.len(), 1);
 }
+
+/// Subscriptions are capped per topic and per callback host: one past a cap is denied (and
+/// nothing is stored); renewing an existing subscription is never refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscriptions_are_capped_per_topic_and_per_callback_host() {
+    let hub = TestHub::start(|c| {
+        c.max_subscriptions_per_topic = 2;
+        c.max_subscriptions_per_host = 3;
+        *c = c.clone().with_channel("other", "other-token");
+    })
+    .await;
+    let receiver = Receiver::start(Behaviour::default()).await;
+    let callback = |n: u32| format!("{}?n={n}", receiver.url);
+    let modes = |receiver: &Receiver| -> Vec<String> {
+        receiver
+            .verifications()
+            .iter()
+            .map(|v| v["hub.mode"].clone())
+            .collect()
+    };
+    subscribe_at(&hub.url, CHANNEL, &callback(1)).await;
+    subscribe_at(&hub.url, CHANNEL, &callback(2)).await;
+    receiver.wait_verified(2).await;
+    wait_subscriptions(&hub.url, 2).await;
+    // A third on the same topic: denied.
+    subscribe_at(&hub.url, CHANNEL, &callback(3)).await;
+    receiver.wait_verified(3).await;
+    assert_eq!(modes(&receiver)[2], "denied");
+    // Renewing the first: fine.
+    subscribe_at(&hub.url, CHANNEL, &callback(1)).await;
+    receiver.wait_verified(4).await;
+    assert_eq!(modes(&receiver)[3], "subscribe");
+    // Another topic, same host: the third subscription of the host is fine, the fourth not.
+    subscribe_at(&hub.url, "other", &callback(4)).await;
+    receiver.wait_verified(5).await;
+    wait_subscriptions(&hub.url, 3).await;
+    subscribe_at(&hub.url, "other", &callback(5)).await;
+    receiver.wait_verified(6).await;
+    assert_eq!(modes(&receiver)[5], "denied");
+    let reason = &receiver.verifications()[5]["hub.reason"];
+    assert!(reason.contains("127.0.0.1"), "{reason}");
+    assert_eq!(
+        admin_json(&hub.url, "/api/subscriptions")
+            .await
+            .as_array()
+            .unwrap()
+            .len(),
+        3
+    );
+}
