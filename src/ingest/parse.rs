@@ -77,6 +77,75 @@ impl Format {
     }
 }
 
+/// A JSON document walked only to refuse an object that names a key twice (a plain parse
+/// would keep the last one silently).
+struct NoDuplicateKeys;
+
+impl<'de> Deserialize<'de> for NoDuplicateKeys {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(NoDuplicateKeysVisitor)
+    }
+}
+
+struct NoDuplicateKeysVisitor;
+
+impl<'de> serde::de::Visitor<'de> for NoDuplicateKeysVisitor {
+    type Value = NoDuplicateKeys;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<NoDuplicateKeys, E> {
+        Ok(NoDuplicateKeys)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<NoDuplicateKeys, E> {
+        Ok(NoDuplicateKeys)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<NoDuplicateKeys, E> {
+        Ok(NoDuplicateKeys)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<NoDuplicateKeys, E> {
+        Ok(NoDuplicateKeys)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<NoDuplicateKeys, E> {
+        Ok(NoDuplicateKeys)
+    }
+    fn visit_unit<E>(self) -> Result<NoDuplicateKeys, E> {
+        Ok(NoDuplicateKeys)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+        self,
+        mut seq: A,
+    ) -> Result<NoDuplicateKeys, A::Error> {
+        while seq.next_element::<NoDuplicateKeys>()?.is_some() {}
+        Ok(NoDuplicateKeys)
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(
+        self,
+        mut map: A,
+    ) -> Result<NoDuplicateKeys, A::Error> {
+        let mut seen = std::collections::HashSet::new();
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            if !seen.insert(key.clone()) {
+                return Err(serde::de::Error::custom(format!(
+                    "the key {key:?} appears twice"
+                )));
+            }
+            map.next_value::<NoDuplicateKeys>()?;
+        }
+        Ok(NoDuplicateKeys)
+    }
+}
+
+/// Parses JSON text, refusing objects with a key twice.
+fn parse_json(text: &[u8]) -> Result<serde_json::Value, serde_json::Error> {
+    serde_json::from_slice::<NoDuplicateKeys>(text)?;
+    serde_json::from_slice(text)
+}
+
 fn convert(index: usize, value: serde_json::Value) -> Result<NewChange, BodyError> {
     let wire: WireChange =
         serde_json::from_value(value).map_err(|e| BodyError::at(index, e.to_string()))?;
@@ -118,8 +187,8 @@ pub fn parse_body(
 ) -> Result<Vec<NewChange>, BodyError> {
     let changes = match format {
         Format::Json => {
-            let value: serde_json::Value = serde_json::from_slice(body)
-                .map_err(|e| BodyError::whole(format!("malformed JSON: {e}")))?;
+            let value =
+                parse_json(body).map_err(|e| BodyError::whole(format!("malformed JSON: {e}")))?;
             let items = match value {
                 serde_json::Value::Array(items) => items,
                 serde_json::Value::Object(mut map) if map.contains_key("changes") => {
@@ -158,7 +227,7 @@ pub fn parse_body(
                 if index >= max_entries {
                     return Err(BodyError::whole(format!("more than {max_entries} changes")));
                 }
-                let value: serde_json::Value = serde_json::from_str(line)
+                let value = parse_json(line.as_bytes())
                     .map_err(|e| BodyError::at(index, format!("malformed JSON: {e}")))?;
                 out.push(convert(index, value)?);
             }
@@ -206,6 +275,26 @@ mod tests {
         assert_eq!(parse_body(Format::Json, arr, 10).unwrap().len(), 2);
         let c = parse_body(Format::Json, env, 10).unwrap();
         assert_eq!(c[0].links[0].attrs["type"], "text/html");
+    }
+
+    #[test]
+    fn a_key_given_twice_is_refused_not_overwritten() {
+        for (format, body) in [
+            (Format::Json, &br#"{"loc":"http://e.com/a","change":"created","loc":"http://e.com/b"}"#[..]),
+            (Format::Json, br#"[{"loc":"http://e.com/a","change":"created","change":"deleted"}]"#),
+            (Format::Json, br#"{"changes":[],"changes":[{"loc":"http://e.com/a","change":"created"}]}"#),
+            (
+                Format::Json,
+                br#"{"loc":"http://e.com/a","change":"created","links":[{"rel":"a","href":"http://e.com/x","rel":"b"}]}"#,
+            ),
+            (Format::NdJson, br#"{"loc":"http://e.com/a","change":"created","change":"updated"}"#),
+        ] {
+            let e = parse_body(format, body, 10).unwrap_err();
+            assert!(e.reason.contains("appears twice"), "{}: {}", String::from_utf8_lossy(body), e.reason);
+        }
+        // The same key in different objects is fine.
+        let two = br#"[{"loc":"http://e.com/a","change":"created"},{"loc":"http://e.com/b","change":"created"}]"#;
+        assert_eq!(parse_body(Format::Json, two, 10).unwrap().len(), 2);
     }
 
     #[test]
