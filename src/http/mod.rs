@@ -120,12 +120,44 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/api/subscriptions/{id}/redeliver", post(admin::redeliver))
         .merge(documents)
+        .fallback(no_such_endpoint)
         .layer(axum::extract::DefaultBodyLimit::max(state.config.max_body))
         // `Content-Encoding: gzip` bodies are decoded (the limits above apply to what comes
         // out); any other encoding is refused with 415 instead of being taken as plain.
         .layer(tower_http::decompression::RequestDecompressionLayer::new())
+        .layer(axum::middleware::map_response(explain))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(panicked))
         .with_state(state)
+}
+
+/// Any path the hub does not serve.
+async fn no_such_endpoint() -> ApiError {
+    ApiError::not_found("no such endpoint (the endpoints: docs/http.md)")
+}
+
+/// Gives a reason to the refusals that the layers around the handlers answer without one
+/// (an unsupported `Content-Encoding`, a method a path does not take).
+async fn explain(response: axum::response::Response) -> axum::response::Response {
+    use axum::body::HttpBody as _;
+    let status = response.status();
+    if !status.is_client_error() || response.body().size_hint().exact() != Some(0) {
+        return response;
+    }
+    let reason = match status {
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => {
+            "unsupported Content-Encoding: send the body plain or with gzip"
+        }
+        StatusCode::METHOD_NOT_ALLOWED => "this path does not take that method",
+        _ => return response,
+    };
+    let (mut parts, _) = response.into_parts();
+    parts.headers.remove(http::header::CONTENT_LENGTH);
+    parts.headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    let body = serde_json::json!({ "error": reason }).to_string();
+    axum::response::Response::from_parts(parts, axum::body::Body::from(body))
 }
 
 /// A handler that panicked: 500 and one log line, instead of a dropped connection.

@@ -7,6 +7,7 @@ mod redis_server;
 
 mod archive;
 mod bad_input;
+mod catalogue;
 mod catchup;
 mod channels;
 mod cluster;
