@@ -7,12 +7,14 @@
 //! |---|---|---|
 //! | `ingest.rs` | `POST /channels/{name}/changes` | [`crate::ingest`] |
 //! | `websub.rs` | `POST /hub`, `POST /publish` | [`crate::fanout::websub`], [`crate::external::publish`] |
-//! | `catchup.rs` | `changelist.xml`, `changes?after=`, `capabilitylist.xml`, `/.well-known/resourcesync` | [`crate::catchup`] |
+//! | `catchup.rs` | `changelist.xml`, the archive and closed lists, `changes?after=`, `resourcelist.xml`, `capabilitylist.xml`, `/.well-known/resourcesync` | [`crate::catchup`] |
 //! | `ws.rs` | `GET /ws` (the websocket session: queue, slow consumers, pings) | [`crate::live`] |
 //! | `sse.rs` | `GET /channels/{name}/events` | [`crate::live`] |
 //! | `admin.rs` | `/api/…` | [`crate::fanout`], [`crate::external`], the store |
 //! | `dashboard.rs` | `GET /`, its assets, `GET /channels` | the store |
 //! | `health.rs` | `/healthz`, `/readyz` | the store |
+//! | `metrics.rs` | `/metrics` | [`crate::telemetry`] |
+//! | `listen.rs` | accepting connections: timeouts and caps | — |
 
 mod admin;
 mod catchup;
