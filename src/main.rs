@@ -4,7 +4,7 @@
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
-use changehub::client::{healthcheck, tail};
+use changehub::client::{healthcheck, publish, tail};
 use changehub::logging::{self, LogFormat};
 
 #[derive(Parser)]
@@ -40,6 +40,9 @@ enum Command {
     /// protocol's events on stderr; reconnects with backoff and resumes after the last seq
     /// printed.
     Tail(tail::TailArgs),
+    /// Push changes to a channel from files (JSON, NDJSON, a ResourceSync Change List) or
+    /// stdin, split into requests, each with an Idempotency-Key, retried until accepted.
+    Publish(publish::PublishArgs),
 }
 
 #[tokio::main]
@@ -50,6 +53,7 @@ async fn main() -> std::process::ExitCode {
         Command::Serve(args) => serve(*args).await,
         Command::Healthcheck(args) => healthcheck::run(args).await,
         Command::Tail(args) => tail::run(args, shutdown_signal()).await,
+        Command::Publish(args) => publish::run(args).await,
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -41,7 +41,13 @@ fn flags(args: &[&str]) -> Vec<String> {
 #[test]
 fn every_flag_is_documented() {
     let cli = read("docs/cli.md");
-    for command in [&[][..], &["serve"], &["tail"], &["healthcheck"]] {
+    for command in [
+        &[][..],
+        &["serve"],
+        &["tail"],
+        &["healthcheck"],
+        &["publish"],
+    ] {
         let found = flags(command);
         assert!(!found.is_empty(), "{command:?}");
         for flag in found {

@@ -3,6 +3,8 @@
 //! a `run`; `main.rs` only dispatches to them. They share [`conn`].
 //!
 //! - [`tail`]: `changehub tail`, follows a channel over the websocket from a cursor.
+//! - [`publish`]: `changehub publish`, pushes changes from files or stdin, split into
+//!   requests with idempotency keys, retried until accepted.
 //! - [`healthcheck`]: `changehub healthcheck`, exit status from the hub's `/readyz`.
 //!
 //! Nothing here is used by the server, and nothing here uses the server's modules beyond the
@@ -10,4 +12,5 @@
 
 pub mod conn;
 pub mod healthcheck;
+pub mod publish;
 pub mod tail;

@@ -341,8 +341,12 @@ pub struct HubProcess {
 
 impl HubProcess {
     pub async fn start(args: &[&str]) -> HubProcess {
+        HubProcess::start_on(free_port(), args).await
+    }
+
+    /// The same on a given port (to come back on the same address after a kill).
+    pub async fn start_on(port: u16, args: &[&str]) -> HubProcess {
         use std::process::{Command, Stdio};
-        let port = free_port();
         let child = Command::new(env!("CARGO_BIN_EXE_changehub"))
             .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
             .args([

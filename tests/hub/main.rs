@@ -20,6 +20,7 @@ mod limits;
 mod live;
 mod logs;
 mod metrics;
+mod publish;
 mod reference_client;
 mod resources;
 mod shutdown;
