@@ -159,6 +159,7 @@ impl EmbeddedStore {
             txn.open_table(IDEMPOTENCY).map_err(unavailable)?;
             txn.open_table(SUBSCRIPTIONS).map_err(unavailable)?;
             txn.open_table(DELIVERY).map_err(unavailable)?;
+            txn.open_table(CHANNEL_SPECS).map_err(unavailable)?;
             txn.open_table(index::RESOURCES).map_err(unavailable)?;
             txn.open_table(index::RESOURCE_ORDER).map_err(unavailable)?;
         }
@@ -200,6 +201,36 @@ impl EmbeddedStore {
             .await
             .map_err(unavailable)?
     }
+}
+
+/// Stores `bytes` under `key` in a table of records keyed by name, in a transaction of its own.
+fn put_record(
+    db: &Database,
+    table: TableDefinition<&str, &[u8]>,
+    key: &str,
+    bytes: &[u8],
+) -> Result<(), StoreError> {
+    let txn = db.begin_write().map_err(unavailable)?;
+    txn.open_table(table)
+        .map_err(unavailable)?
+        .insert(key, bytes)
+        .map_err(unavailable)?;
+    txn.commit().map_err(unavailable)
+}
+
+/// Every record of a table keyed by name, decoded.
+fn all_records<T: for<'de> Deserialize<'de>>(
+    db: &Database,
+    table: TableDefinition<&str, &[u8]>,
+) -> Result<Vec<T>, StoreError> {
+    let txn = db.begin_read().map_err(unavailable)?;
+    let table = txn.open_table(table).map_err(unavailable)?;
+    let mut out = Vec::new();
+    for entry in table.iter().map_err(unavailable)? {
+        let (_, v) = entry.map_err(unavailable)?;
+        out.push(decode(v.value())?);
+    }
+    Ok(out)
 }
 
 fn channel_meta(db: &Database, channel: &str) -> Result<ChannelMeta, StoreError> {
@@ -589,17 +620,9 @@ impl Store for EmbeddedStore {
     }
 
     async fn put_channel(&self, spec: &ChannelSpec) -> Result<(), StoreError> {
-        let name = spec.name.clone();
-        let bytes = encode(spec)?;
-        self.blocking(move |db| {
-            let txn = db.begin_write().map_err(unavailable)?;
-            txn.open_table(CHANNEL_SPECS)
-                .map_err(unavailable)?
-                .insert(name.as_str(), bytes.as_slice())
-                .map_err(unavailable)?;
-            txn.commit().map_err(unavailable)
-        })
-        .await
+        let (name, bytes) = (spec.name.clone(), encode(spec)?);
+        self.blocking(move |db| put_record(db, CHANNEL_SPECS, &name, &bytes))
+            .await
     }
 
     async fn delete_channel(&self, name: &str) -> Result<bool, StoreError> {
@@ -622,11 +645,7 @@ impl Store for EmbeddedStore {
         let name = name.to_string();
         self.blocking(move |db| {
             let txn = db.begin_read().map_err(unavailable)?;
-            let table = match txn.open_table(CHANNEL_SPECS) {
-                Ok(t) => t,
-                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
-                Err(e) => return Err(unavailable(e)),
-            };
+            let table = txn.open_table(CHANNEL_SPECS).map_err(unavailable)?;
             let found = table.get(name.as_str()).map_err(unavailable)?;
             found.map(|v| decode(v.value())).transpose()
         })
@@ -634,35 +653,13 @@ impl Store for EmbeddedStore {
     }
 
     async fn stored_channels(&self) -> Result<Vec<ChannelSpec>, StoreError> {
-        self.blocking(|db| {
-            let txn = db.begin_read().map_err(unavailable)?;
-            let table = match txn.open_table(CHANNEL_SPECS) {
-                Ok(t) => t,
-                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-                Err(e) => return Err(unavailable(e)),
-            };
-            let mut out = Vec::new();
-            for entry in table.iter().map_err(unavailable)? {
-                let (_, v) = entry.map_err(unavailable)?;
-                out.push(decode(v.value())?);
-            }
-            Ok(out)
-        })
-        .await
+        self.blocking(|db| all_records(db, CHANNEL_SPECS)).await
     }
 
     async fn put_subscription(&self, sub: &Subscription) -> Result<(), StoreError> {
-        let id = sub.id.clone();
-        let bytes = encode(sub)?;
-        self.blocking(move |db| {
-            let txn = db.begin_write().map_err(unavailable)?;
-            txn.open_table(SUBSCRIPTIONS)
-                .map_err(unavailable)?
-                .insert(id.as_str(), bytes.as_slice())
-                .map_err(unavailable)?;
-            txn.commit().map_err(unavailable)
-        })
-        .await
+        let (id, bytes) = (sub.id.clone(), encode(sub)?);
+        self.blocking(move |db| put_record(db, SUBSCRIPTIONS, &id, &bytes))
+            .await
     }
 
     async fn delete_subscription(&self, id: &str) -> Result<bool, StoreError> {
@@ -686,17 +683,7 @@ impl Store for EmbeddedStore {
     }
 
     async fn subscriptions(&self) -> Result<Vec<Subscription>, StoreError> {
-        self.blocking(|db| {
-            let txn = db.begin_read().map_err(unavailable)?;
-            let table = txn.open_table(SUBSCRIPTIONS).map_err(unavailable)?;
-            let mut out = Vec::new();
-            for entry in table.iter().map_err(unavailable)? {
-                let (_, v) = entry.map_err(unavailable)?;
-                out.push(decode(v.value())?);
-            }
-            Ok(out)
-        })
-        .await
+        self.blocking(|db| all_records(db, SUBSCRIPTIONS)).await
     }
 
     async fn put_delivery(&self, sub_id: &str, state: &DeliveryState) -> Result<(), StoreError> {
