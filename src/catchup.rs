@@ -67,6 +67,32 @@ pub struct Log<'a> {
     pub origin: &'a Origin,
 }
 
+impl Log<'_> {
+    /// The header of a Change List of `changes` from this log: its epoch, its seq range, the
+    /// links every Change List carries (then `more_links`), `from` and `until`.
+    fn change_list(
+        &self,
+        changes: &[Change],
+        from: Option<OffsetDateTime>,
+        until: Option<OffsetDateTime>,
+        more_links: Option<DocLink>,
+    ) -> Vec<u8> {
+        let mut links = change_list_links(self.urls, self.channel);
+        links.extend(more_links);
+        let header = ChangeListHeader {
+            epoch: Some(self.origin.epoch.clone()),
+            from,
+            until,
+            links,
+            seq_range: changes
+                .first()
+                .zip(changes.last())
+                .map(|(f, l)| (f.seq, l.seq)),
+        };
+        resourcesync::write_change_list(&header, changes)
+    }
+}
+
 /// The entity tag of a channel's topic document: it changes whenever the open list does.
 pub async fn etag(log: Log<'_>) -> Result<String, StoreError> {
     let Log {
@@ -99,7 +125,6 @@ fn open_after(head: ChannelHead, lists: Lists) -> u64 {
 pub async fn changelist(log: Log<'_>) -> Result<Vec<u8>, StoreError> {
     let Log {
         store,
-        urls,
         channel,
         lists,
         origin,
@@ -112,11 +137,7 @@ pub async fn changelist(log: Log<'_>) -> Result<Vec<u8>, StoreError> {
     let limit = (closed + lists.size - after).min(MAX_LIST as u64) as usize;
     let changes = store.read(channel, after, limit).await?;
     let boundary = if closed >= head.oldest && closed > 0 {
-        store
-            .read(channel, closed - 1, 1)
-            .await?
-            .first()
-            .map(|c| c.datetime)
+        datetime_of(store, channel, closed).await?
     } else {
         None
     };
@@ -125,17 +146,7 @@ pub async fn changelist(log: Log<'_>) -> Result<Vec<u8>, StoreError> {
         (None, Some(first)) => first.datetime,
         (None, None) => origin.created,
     };
-    let header = ChangeListHeader {
-        epoch: Some(origin.epoch.clone()),
-        from: Some(from),
-        until: None,
-        links: change_list_links(urls, channel),
-        seq_range: changes
-            .first()
-            .zip(changes.last())
-            .map(|(f, l)| (f.seq, l.seq)),
-    };
-    Ok(resourcesync::write_change_list(&header, &changes))
+    Ok(log.change_list(&changes, Some(from), None, None))
 }
 
 /// The links every Change List of `channel` carries: up to its Capability List, and to its
@@ -152,13 +163,7 @@ pub fn change_list_links(urls: &Urls, channel: &str) -> Vec<DocLink> {
 /// change). The archive lists the closed lists of [`Lists`]; any other range of at most
 /// [`MAX_LIST`] closed changes is served the same way.
 pub async fn closed_list(log: Log<'_>, first: u64, last: u64) -> Result<Vec<u8>, CatchupError> {
-    let Log {
-        store,
-        urls,
-        channel,
-        origin,
-        ..
-    } = log;
+    let Log { store, channel, .. } = log;
     if first == 0 || last < first || last - first >= MAX_LIST as u64 {
         return Err(CatchupError::NotFound(format!(
             "{first}-{last} is not a Change List of this hub: closed lists are FIRST-LAST with \
@@ -185,14 +190,9 @@ pub async fn closed_list(log: Log<'_>, first: u64, last: u64) -> Result<Vec<u8>,
     if changes.first().map(|c| c.seq) != Some(first) {
         return Err(gone); // trimmed meanwhile
     }
-    let header = ChangeListHeader {
-        epoch: Some(origin.epoch.clone()),
-        from: changes.first().map(|c| c.datetime),
-        until: changes.last().map(|c| c.datetime),
-        links: change_list_links(urls, channel),
-        seq_range: Some((first, last)),
-    };
-    Ok(resourcesync::write_change_list(&header, &changes))
+    let from = changes.first().map(|c| c.datetime);
+    let until = changes.last().map(|c| c.datetime);
+    Ok(log.change_list(&changes, from, until, None))
 }
 
 /// Closed Change Lists per Change List Archive document; beyond that the archive becomes an
@@ -346,22 +346,11 @@ pub async fn changes_after(
     let changes = store.read(channel, after, limit).await?;
     let last = changes.last().map(|c| c.seq).unwrap_or(after);
     let next = (last < head.last).then(|| urls.changes_after(channel, last, limit));
-    let mut links = change_list_links(urls, channel);
-    if let Some(next) = &next {
-        links.push(DocLink::new("next", next.clone()));
-    }
-    let header = ChangeListHeader {
-        epoch: Some(origin.epoch.clone()),
-        from: changes.first().map(|c| c.datetime),
-        until: changes.last().map(|c| c.datetime),
-        links,
-        seq_range: changes
-            .first()
-            .zip(changes.last())
-            .map(|(f, l)| (f.seq, l.seq)),
-    };
+    let from = changes.first().map(|c| c.datetime);
+    let until = changes.last().map(|c| c.datetime);
+    let next_link = next.as_ref().map(|n| DocLink::new("next", n.clone()));
     Ok(Page {
-        body: resourcesync::write_change_list(&header, &changes),
+        body: log.change_list(&changes, from, until, next_link),
         next,
     })
 }
