@@ -23,13 +23,9 @@ const BATCH: usize = 100;
 const TASKS: usize = 16;
 const TOKEN: &str = "bench-token";
 
-fn scale(n: usize) -> usize {
-    let s: f64 = std::env::var("BENCH_SCALE")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1.0);
-    ((n as f64 * s) as usize).max(1)
-}
+#[path = "support/mod.rs"]
+mod support;
+use support::scale;
 
 struct Server {
     child: Child,

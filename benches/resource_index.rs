@@ -15,7 +15,6 @@
 //! Run: `cargo bench --bench resource_index` (`BENCH_SCALE=0.1` for 10⁵). Needs
 //! `redis-server`. All traffic stays on 127.0.0.1.
 
-use changehub::model::{ChangeType, NewChange};
 use changehub::store::{EmbeddedStore, RedisStore, Store};
 use std::time::{Duration, Instant};
 use time::OffsetDateTime;
@@ -26,27 +25,9 @@ mod redis_server;
 
 const BATCH: usize = 1000;
 
-fn scale(n: usize) -> usize {
-    let s: f64 = std::env::var("BENCH_SCALE")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1.0);
-    ((n as f64 * s) as usize).max(1)
-}
-
-fn change(loc: usize) -> NewChange {
-    NewChange {
-        loc: format!("http://example.com/resource/{loc}"),
-        change: ChangeType::Updated,
-        datetime: None,
-        lastmod: None,
-        hash: Some("md5:1e0d5cb8ef6ba40c99b14c0237be735e".into()),
-        length: Some(1234),
-        media_type: Some("text/plain".into()),
-        links: vec![],
-        source: None,
-    }
-}
+#[path = "support/mod.rs"]
+mod support;
+use support::{change, scale};
 
 /// Appends `n` changes to `channel`: to `n` different locs, or all to one.
 async fn fill(store: &dyn Store, channel: &str, n: usize, distinct: bool) -> Duration {

@@ -29,13 +29,9 @@ use tokio::sync::Notify;
 
 const TOKEN: &str = "bench-token";
 
-fn scale(n: usize) -> usize {
-    let s: f64 = std::env::var("BENCH_SCALE")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1.0);
-    ((n as f64 * s) as usize).max(1)
-}
+#[path = "support/mod.rs"]
+mod support;
+use support::scale;
 
 /// A minimal receiver: echoes WebSub challenges, counts POSTs.
 #[derive(Clone, Default)]

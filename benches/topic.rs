@@ -14,7 +14,6 @@
 //! Run: `cargo bench --bench topic` (`BENCH_SCALE=0.1` for 10⁵). All traffic stays on
 //! 127.0.0.1.
 
-use changehub::model::{ChangeType, NewChange};
 use changehub::store::{EmbeddedStore, Store};
 use std::time::{Duration, Instant};
 use time::OffsetDateTime;
@@ -22,26 +21,13 @@ use time::OffsetDateTime;
 const BATCH: usize = 5_000;
 const RUNS: usize = 15;
 
-fn scale(n: usize) -> usize {
-    let s: f64 = std::env::var("BENCH_SCALE")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1.0);
-    ((n as f64 * s) as usize).max(1)
-}
+#[path = "support/mod.rs"]
+mod support;
+use support::scale;
 
-fn change(i: usize) -> NewChange {
-    NewChange {
-        loc: format!("http://example.com/resource/{}", i % 10_000),
-        change: ChangeType::Updated,
-        datetime: None,
-        lastmod: None,
-        hash: Some("md5:1e0d5cb8ef6ba40c99b14c0237be735e".into()),
-        length: Some(1234),
-        media_type: Some("text/plain".into()),
-        links: vec![],
-        source: None,
-    }
+/// A change to one of 10,000 resources.
+fn change(i: usize) -> changehub::model::NewChange {
+    support::change(i % 10_000)
 }
 
 /// Median time and size of `RUNS` GETs of `url`.
