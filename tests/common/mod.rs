@@ -110,6 +110,18 @@ impl TestHub {
         }
     }
 
+    /// The body of `GET {url}{path}` as text (whatever the status).
+    pub async fn text(&self, path: &str) -> String {
+        self.client
+            .get(format!("{}{path}", self.url))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     pub fn topic(&self) -> String {
         format!("{}/channels/{CHANNEL}/changelist.xml", self.url)
     }

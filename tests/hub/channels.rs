@@ -112,15 +112,7 @@ async fn channels_come_and_go_through_the_admin_api() {
     receiver
         .wait_seq(2, std::time::Duration::from_secs(15))
         .await;
-    let description = hub
-        .client
-        .get(format!("{}/.well-known/resourcesync", hub.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let description = hub.text("/.well-known/resourcesync").await;
     assert!(
         description.contains("/channels/x/capabilitylist.xml"),
         "{description}"

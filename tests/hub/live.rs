@@ -297,15 +297,7 @@ async fn limits_and_errors_are_clear() {
     );
     // Nor is it listed where anyone looks: the dashboard's list, the Source Description.
     for listing in ["/channels", "/.well-known/resourcesync"] {
-        let text = hub
-            .client
-            .get(format!("{}{listing}", hub.url))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = hub.text(listing).await;
         assert!(text.contains(CHANNEL), "{listing}: {text}");
         assert!(
             !text.contains("secret"),
