@@ -7,7 +7,7 @@
 //! 2. Starts a callback server on `127.0.0.1:{port}` (`0`: any free port).
 //! 3. Subscribes with a random `hub.secret` and answers the hub's verification GET by echoing
 //!    `hub.challenge` (a `hub.mode=denied` is reported and ends the program).
-//! 4. For each delivery: checks `X-Hub-Signature` with [`changehub::fanout::signing::verify`]
+//! 4. For each delivery: checks `X-Hub-Signature` with [`changehub::model::signature::verify`]
 //!    (a delivery with a missing or wrong signature is acknowledged but ignored, as WebSub asks;
 //!    the next notification then shows a gap and the changes are fetched from the log), parses
 //!    the Change List with [`changehub::resourcesync::parse_change_list`], and when its first seq
@@ -34,7 +34,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use changehub::fanout::signing;
+use changehub::model::signature as signing;
 use changehub::resourcesync::{self, Document, Limits, ParsedEntry};
 use clap::Parser;
 use rand::RngCore;

@@ -4,7 +4,6 @@
 //!   verification of intent and the change it makes.
 //! - [`delivery`]: one worker per verified subscription, delivering in seq order, one request
 //!   in flight, retrying with backoff; its progress is [`crate::model::DeliveryState`].
-//! - [`signing`]: the HMAC behind `X-Hub-Signature`.
 //!
 //! Elsewhere, and used from here: the retry schedule ([`crate::retry`]), the outbound HTTP
 //! client ([`crate::net`]), external topics ([`crate::external`]).
@@ -14,7 +13,6 @@
 //! new lease) to the running worker, and stops the worker when the subscription ends.
 
 pub mod delivery;
-pub mod signing;
 pub mod websub;
 
 use std::collections::HashMap;

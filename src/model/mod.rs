@@ -5,7 +5,7 @@
 //!   ([`Change`]), the validation every ingest path shares, W3C datetimes.
 //! - [`notification`]: a batch of consecutive changes of one channel, rendered once.
 //! - [`subscription`]: a verified WebSub subscription and how far it has been served.
-//! - [`signature`]: the `X-Hub-Signature` algorithms.
+//! - [`signature`]: `X-Hub-Signature`: the algorithms, signing and checking.
 //! - [`channel`]: channel names and retention.
 
 pub mod change;

@@ -1,6 +1,9 @@
-//! The HMAC algorithms WebSub recognises for `X-Hub-Signature` (the signing itself is in
-//! `fanout::signing`).
+//! `X-Hub-Signature`: an HMAC of the exact request body, keyed with the subscriber's
+//! `hub.secret`, written as `<alg>=<lowercase hex>`. The hub signs with [`signature`] when it
+//! delivers (`fanout::delivery`); receivers — `changehub subscribe`, the tests — check with
+//! [`verify`]. Plain computation, kept apart from delivery and from the HTTP client.
 
+use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
@@ -45,5 +48,71 @@ impl FromStr for Algorithm {
                 "unknown signature algorithm {s:?} (sha1, sha256, sha384 or sha512)"
             )),
         }
+    }
+}
+
+fn mac_hex<M: Mac + hmac::digest::KeyInit>(secret: &[u8], body: &[u8]) -> String {
+    // HMAC accepts keys of any length, so this cannot fail.
+    let mut mac = <M as Mac>::new_from_slice(secret).expect("HMAC takes any key length");
+    mac.update(body);
+    hex::encode(mac.finalize().into_bytes())
+}
+
+/// The value of `X-Hub-Signature` for `body`: `sha256=…`.
+pub fn signature(alg: Algorithm, secret: &[u8], body: &[u8]) -> String {
+    let hex = match alg {
+        Algorithm::Sha1 => mac_hex::<Hmac<sha1::Sha1>>(secret, body),
+        Algorithm::Sha256 => mac_hex::<Hmac<sha2::Sha256>>(secret, body),
+        Algorithm::Sha384 => mac_hex::<Hmac<sha2::Sha384>>(secret, body),
+        Algorithm::Sha512 => mac_hex::<Hmac<sha2::Sha512>>(secret, body),
+    };
+    format!("{alg}={hex}")
+}
+
+/// Checks an `X-Hub-Signature` header value against `body`, in constant time.
+pub fn verify(header: &str, secret: &[u8], body: &[u8]) -> bool {
+    let Some((alg, _)) = header.split_once('=') else {
+        return false;
+    };
+    let Ok(alg) = alg.parse::<Algorithm>() else {
+        return false;
+    };
+    let expected = signature(alg, secret, body);
+    // The length is the algorithm's, not a secret; the bytes are compared in constant time.
+    use subtle::ConstantTimeEq;
+    expected.len() == header.len() && bool::from(expected.as_bytes().ct_eq(header.as_bytes()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_vectors() {
+        // RFC 4231 test case 2.
+        let key = b"Jefe";
+        let data = b"what do ya want for nothing?";
+        assert_eq!(
+            signature(Algorithm::Sha256, key, data),
+            "sha256=5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+        assert_eq!(
+            signature(Algorithm::Sha1, key, data),
+            "sha1=effcdf6ae5eb2fa2d27416d5f184df9c259a7c79"
+        );
+        for alg in [
+            Algorithm::Sha1,
+            Algorithm::Sha256,
+            Algorithm::Sha384,
+            Algorithm::Sha512,
+        ] {
+            let sig = signature(alg, key, data);
+            assert!(verify(&sig, key, data));
+            assert!(!verify(&sig, b"other", data));
+            assert!(!verify(&sig, key, b"tampered"));
+            assert_eq!(sig, sig.to_lowercase());
+        }
+        assert!(!verify("md5=abc", key, data));
+        assert!(!verify("garbage", key, data));
     }
 }

@@ -8,7 +8,7 @@
 //! | Change List (and every notification) | `<urlset>` | `changelist` | [`write_change_list`] | [`Document::ChangeList`] |
 //! | Change List Index (of an external source) | `<sitemapindex>` | `changelist` | [`write_change_list_index`] | [`Document::ChangeListIndex`] |
 //! | Change List Archive (and its index) | `<urlset>` (`<sitemapindex>`) | `changelist-archive` | [`write_change_list_archive`] ([`write_change_list_archive_index`]) | — |
-//! | Resource List (and its index) | `<urlset>` (`<sitemapindex>`) | `resourcelist` | [`write_resource_list`] ([`write_resource_list_index`]) | — |
+//! | Resource List (and its index) | `<urlset>` (`<sitemapindex>`) | `resourcelist` | [`write_resource_list`] ([`write_resource_list_index`]) | [`Document::ResourceList`] ([`Document::ResourceListIndex`]) |
 //! | Capability List | `<urlset>` | `capabilitylist` | [`write_capability_list`] | [`Document::CapabilityList`] |
 //! | Source Description | `<urlset>` | `description` | [`write_source_description`] | [`Document::SourceDescription`] |
 //!
@@ -177,6 +177,17 @@ pub enum Document {
     SourceDescription {
         links: Vec<DocLink>,
         capability_lists: Vec<String>,
+    },
+    /// A Resource List: each resource read as a `created` change of it, its `ch:seq` the seq
+    /// of the change that made it what it is.
+    ResourceList {
+        header: ResourceListHeader,
+        entries: Vec<ParsedEntry>,
+    },
+    /// A Resource List Index: the pages, each a Resource List.
+    ResourceListIndex {
+        header: ResourceListHeader,
+        pages: Vec<String>,
     },
 }
 

@@ -396,6 +396,10 @@ fn write_document(doc: &Document) -> Vec<u8> {
             links,
             capability_lists,
         } => write_source_description(links, capability_lists),
+        Document::ResourceList { header, entries } => {
+            write_resource_list(header, &to_changes(entries))
+        }
+        Document::ResourceListIndex { header, pages } => write_resource_list_index(header, pages),
     }
 }
 
@@ -428,6 +432,7 @@ fn round_trip_every_example() {
         "source-description.xml",
         "changelist-1.0-prefixes.xml",
         "changelist-1.1-spec.xml",
+        "resourcelist.xml",
     ] {
         let first = parse(&example(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
         let written = write_document(&first);
@@ -735,11 +740,52 @@ fn missing_capability() {
 }
 
 #[test]
-fn unexpected_capability() {
-    let resourcelist = br#"<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9" xmlns:rs="http://www.openarchives.org/rs/terms/"><rs:md capability="resourcelist" at="2013-01-01T00:00:00Z"/></urlset>"#;
+fn resource_lists_and_their_index() {
+    let Document::ResourceList { header, entries } = parse(&example("resourcelist.xml")).unwrap()
+    else {
+        panic!("not a Resource List");
+    };
+    assert_eq!(header.seq, Some(4));
+    assert_eq!(header.epoch.as_deref(), Some("5f3a9c0d2b7e4a61"));
+    assert_eq!(header.at, dt("2013-01-03T22:00:00Z"));
+    assert_eq!(header.completed, Some(dt("2013-01-03T22:00:01Z")));
+    assert_eq!(entries.len(), 2);
+    assert_eq!(entries[0].seq, Some(1));
+    assert_eq!(entries[0].change.change, ChangeType::Created);
+    assert_eq!(
+        entries[0].change.hash.as_deref(),
+        Some("md5:1584abdf8ebdc9802ac0c6a7402c03b6")
+    );
+    assert_eq!(entries[1].change.length, Some(14612));
+    let index = write_resource_list_index(
+        &header,
+        &["http://hub.example.com/channels/dataset1/resourcelist.xml?after=0&upto=4".into()],
+    );
+    assert_eq!(
+        parse(&index).unwrap(),
+        Document::ResourceListIndex {
+            header: header.clone(),
+            pages: vec![
+                "http://hub.example.com/channels/dataset1/resourcelist.xml?after=0&upto=4".into()
+            ],
+        }
+    );
+    // `at` is what makes it a snapshot: a Resource List without it is refused.
+    let no_at = br#"<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9" xmlns:rs="http://www.openarchives.org/rs/terms/"><rs:md capability="resourcelist"/></urlset>"#;
+    assert!(matches!(parse(no_at), Err(ParseError::Header(_))));
+    // A Change List parser still refuses it.
     assert!(matches!(
-        parse(resourcelist),
+        parse_change_list(&example("resourcelist.xml"), &Limits::default()),
         Err(ParseError::UnexpectedCapability { found, .. }) if found == "resourcelist"
+    ));
+}
+
+#[test]
+fn unexpected_capability() {
+    let archive = br#"<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9" xmlns:rs="http://www.openarchives.org/rs/terms/"><rs:md capability="changelist-archive"/></urlset>"#;
+    assert!(matches!(
+        parse(archive),
+        Err(ParseError::UnexpectedCapability { found, .. }) if found == "changelist-archive"
     ));
     let limits = Limits::default();
     assert_eq!(

@@ -11,7 +11,7 @@ use crate::common::*;
 use crate::redis_server::RedisServer;
 use crate::topics::{Doc, TopicServer};
 use changehub::config::StoreConfig;
-use changehub::fanout::signing;
+use changehub::model::signature as signing;
 use changehub::net::parse_links;
 use reqwest::StatusCode;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! seq order, with duplicates only where a delivery was retried.
 
 use crate::common::*;
-use changehub::fanout::signing;
+use changehub::model::signature as signing;
 use std::collections::HashMap;
 use std::time::Duration;
 

@@ -203,7 +203,7 @@ async fn fat_pings_are_distributed() {
     receiver.wait_seq(2, WAIT).await;
     signed.wait_seq(2, WAIT).await;
     let n = &signed.delivered()[0];
-    assert!(changehub::fanout::signing::verify(
+    assert!(changehub::model::signature::verify(
         n.header("x-hub-signature").unwrap(),
         b"fat-secret",
         &n.body

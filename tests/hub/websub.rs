@@ -1,7 +1,7 @@
 //! The WebSub behaviours of the hub, one test each.
 
 use crate::common::*;
-use changehub::fanout::signing;
+use changehub::model::signature as signing;
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(15);

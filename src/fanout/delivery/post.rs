@@ -5,7 +5,8 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, LINK, RETRY_AFTER};
 use std::time::{Duration, SystemTime};
 
-use crate::fanout::{signing, Fanout};
+use crate::fanout::Fanout;
+use crate::model::signature;
 use crate::model::Subscription;
 use crate::{net, retry};
 
@@ -113,7 +114,7 @@ pub(super) async fn post(
     if let Some(secret) = &sub.secret {
         request = request.header(
             "X-Hub-Signature",
-            signing::signature(sub.algorithm, secret.as_bytes(), &payload.body),
+            signature::signature(sub.algorithm, secret.as_bytes(), &payload.body),
         );
     }
     match request.body(payload.body).send().await {

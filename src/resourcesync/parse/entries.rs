@@ -127,12 +127,25 @@ pub(super) fn required_loc(loc: Option<String>, index: usize) -> Result<String, 
     }
 }
 
+/// A `<url>` of a Change List: a change, with the hub's `ch:seq` when it came from a hub.
 pub(super) fn change_entry(raw: RawEntry, index: usize) -> Result<ParsedEntry, ParseError> {
+    url_entry(raw, index, true)
+}
+
+/// A `<url>` of a Resource List: a resource as it is now, read as a `created` change of it
+/// (with `ch:seq`, the seq of the change that made it so). A `change` attribute is ignored.
+pub(super) fn resource_entry(raw: RawEntry, index: usize) -> Result<ParsedEntry, ParseError> {
+    url_entry(raw, index, false)
+}
+
+fn url_entry(raw: RawEntry, index: usize, is_change: bool) -> Result<ParsedEntry, ParseError> {
     let bad = |reason: String| ParseError::Entry { index, reason };
     let loc = required_loc(raw.loc, index)?;
-    let md = raw
-        .md
-        .ok_or_else(|| bad("no <rs:md change=\"…\">".into()))?;
+    let md = match raw.md {
+        Some(md) => md,
+        None if is_change => return Err(bad("no <rs:md change=\"…\">".into())),
+        None => Vec::new(),
+    };
     let mut change = None;
     let mut when = None;
     let mut hash = None;
@@ -161,6 +174,7 @@ pub(super) fn change_entry(raw: RawEntry, index: usize) -> Result<ParsedEntry, P
         }
     }
     let change = match change {
+        _ if !is_change => ChangeType::Created,
         None => return Err(bad("<rs:md> has no change attribute".into())),
         Some(value) => ChangeType::parse(&value).ok_or_else(|| {
             bad(format!(

@@ -1,19 +1,31 @@
-//! The document header: the top-level `<rs:md>` (capability, `from`/`until`, the hub's
-//! `first`/`last`), which decides the document kind, and the top-level `<rs:ln>` links.
+//! The document header: the top-level `<rs:md>` (capability, `from`/`until`, a Resource
+//! List's `at`/`completed`, the hub's `first`/`last`/`seq`/`epoch`), which decides the document
+//! kind, and the top-level `<rs:ln>` links.
 
 use super::reader::{datetime, number, truncate, Attr, Ns};
 use super::{Kind, Root};
 use crate::model::{MAX_ATTR_LEN, MAX_URI_LEN};
 use crate::resourcesync::{ChangeListHeader, DocLink, ParseError};
+use time::OffsetDateTime;
+
+/// What a Resource List's top-level `<rs:md>` says beyond a Change List's header.
+#[derive(Debug, Default)]
+pub(super) struct ListTimes {
+    pub(super) at: Option<OffsetDateTime>,
+    pub(super) completed: Option<OffsetDateTime>,
+    pub(super) seq: Option<u64>,
+}
 
 /// Most top-level `<rs:ln>` links accepted.
 pub(super) const MAX_DOC_LINKS: usize = 64;
 
-/// Reads the top-level `<rs:md>` into `header` and decides the document kind.
+/// Reads the top-level `<rs:md>` into `header` (and `list` for a Resource List) and decides
+/// the document kind.
 pub(super) fn top_md(
     root: Root,
     attrs: Vec<Attr>,
     header: &mut ChangeListHeader,
+    list: &mut ListTimes,
 ) -> Result<Kind, ParseError> {
     let mut capability = None;
     let (mut first, mut last) = (None, None);
@@ -28,6 +40,22 @@ pub(super) fn top_md(
             (ns, "until") if ns.is_rs_attr() => {
                 header.until = Some(
                     datetime(&attr.value).map_err(|e| ParseError::Header(format!("until: {e}")))?,
+                )
+            }
+            (ns, "at") if ns.is_rs_attr() => {
+                list.at = Some(
+                    datetime(&attr.value).map_err(|e| ParseError::Header(format!("at: {e}")))?,
+                )
+            }
+            (ns, "completed") if ns.is_rs_attr() => {
+                list.completed = Some(
+                    datetime(&attr.value)
+                        .map_err(|e| ParseError::Header(format!("completed: {e}")))?,
+                )
+            }
+            (Ns::Hub, "seq") => {
+                list.seq = Some(
+                    number(&attr.value).map_err(|e| ParseError::Header(format!("ch:seq: {e}")))?,
                 )
             }
             (Ns::Hub, "first") => {
@@ -70,12 +98,14 @@ pub(super) fn top_md(
         (Root::SitemapIndex, "changelist") => Ok(Kind::ChangeListIndex),
         (Root::UrlSet, "capabilitylist") => Ok(Kind::CapabilityList),
         (Root::UrlSet, "description") => Ok(Kind::SourceDescription),
+        (Root::UrlSet, "resourcelist") => Ok(Kind::ResourceList),
+        (Root::SitemapIndex, "resourcelist") => Ok(Kind::ResourceListIndex),
         (Root::UrlSet, _) => Err(ParseError::UnexpectedCapability {
-            expected: "changelist, capabilitylist or description".into(),
+            expected: "changelist, resourcelist, capabilitylist or description".into(),
             found: truncate(&capability).into(),
         }),
         (Root::SitemapIndex, _) => Err(ParseError::UnexpectedCapability {
-            expected: "changelist (in a <sitemapindex>)".into(),
+            expected: "changelist or resourcelist (in a <sitemapindex>)".into(),
             found: truncate(&capability).into(),
         }),
     }

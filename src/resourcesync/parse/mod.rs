@@ -16,9 +16,14 @@
 use quick_xml::events::Event;
 use quick_xml::NsReader;
 
-use super::{Capability, ChangeListHeader, Document, IndexEntry, Limits, ParseError, ParsedEntry};
-use entries::{capability_entry, change_entry, index_entry, required_loc, RawEntry};
-use header::{doc_link, top_md, MAX_DOC_LINKS};
+use super::{
+    Capability, ChangeListHeader, Document, IndexEntry, Limits, ParseError, ParsedEntry,
+    ResourceListHeader,
+};
+use entries::{
+    capability_entry, change_entry, index_entry, required_loc, resource_entry, RawEntry,
+};
+use header::{doc_link, top_md, ListTimes, MAX_DOC_LINKS};
 use reader::{is_blank, truncate, Ns, Parser};
 
 mod entries;
@@ -27,8 +32,8 @@ mod reader;
 
 /// Detects the kind from the root element and the top-level rs:md capability.
 ///
-/// Accepted: `<urlset>` with `changelist`, `capabilitylist` or `description`, and
-/// `<sitemapindex>` with `changelist`. The top-level `<rs:md>` must come before the first
+/// Accepted: `<urlset>` with `changelist`, `resourcelist`, `capabilitylist` or
+/// `description`, and `<sitemapindex>` with `changelist` or `resourcelist`. The top-level `<rs:md>` must come before the first
 /// entry (as the Sitemap schema has it), otherwise [`ParseError::MissingCapability`].
 pub fn parse_document(xml: &[u8], limits: &Limits) -> Result<Document, ParseError> {
     if xml.len() > limits.max_bytes {
@@ -67,6 +72,9 @@ pub fn parse_change_list(
         Document::ChangeListIndex { .. } => Err(ParseError::ChangeListIndex),
         Document::CapabilityList { .. } => Err(unexpected("capabilitylist")),
         Document::SourceDescription { .. } => Err(unexpected("description")),
+        Document::ResourceList { .. } | Document::ResourceListIndex { .. } => {
+            Err(unexpected("resourcelist"))
+        }
     }
 }
 
@@ -91,12 +99,15 @@ pub(super) enum Kind {
     ChangeListIndex,
     CapabilityList,
     SourceDescription,
+    ResourceList,
+    ResourceListIndex,
 }
 
 /// What the children of the root element gave.
 struct Body {
     kind: Option<Kind>,
     header: ChangeListHeader,
+    list: ListTimes,
     changes: Vec<ParsedEntry>,
     index: Vec<IndexEntry>,
     caps: Vec<Capability>,
@@ -139,6 +150,7 @@ impl<'a> Parser<'a> {
         let mut body = Body {
             kind: None,
             header: ChangeListHeader::default(),
+            list: ListTimes::default(),
             changes: Vec::new(),
             index: Vec::new(),
             caps: Vec::new(),
@@ -163,11 +175,23 @@ impl<'a> Parser<'a> {
         let Body {
             kind,
             header,
+            list,
             changes,
             index,
             caps,
             lists,
         } = body;
+        let list_header = |header: ChangeListHeader| -> Result<ResourceListHeader, ParseError> {
+            Ok(ResourceListHeader {
+                at: list.at.ok_or_else(|| {
+                    ParseError::Header("a Resource List's <rs:md> has no at".into())
+                })?,
+                completed: list.completed,
+                links: header.links,
+                seq: list.seq,
+                epoch: header.epoch,
+            })
+        };
         Ok(match kind.ok_or(ParseError::MissingCapability)? {
             Kind::ChangeList => Document::ChangeList {
                 header,
@@ -184,6 +208,14 @@ impl<'a> Parser<'a> {
             Kind::SourceDescription => Document::SourceDescription {
                 links: header.links,
                 capability_lists: lists,
+            },
+            Kind::ResourceList => Document::ResourceList {
+                header: list_header(header)?,
+                entries: changes,
+            },
+            Kind::ResourceListIndex => Document::ResourceListIndex {
+                header: list_header(header)?,
+                pages: lists,
             },
         })
     }
@@ -216,7 +248,7 @@ impl<'a> Parser<'a> {
                     }
                     seen_md = true;
                     let attrs = self.attrs(&e)?;
-                    body.kind = Some(top_md(root, attrs, &mut body.header)?);
+                    body.kind = Some(top_md(root, attrs, &mut body.header, &mut body.list)?);
                 }
                 (Ns::Rs, "ln") => {
                     if body.header.links.len() >= MAX_DOC_LINKS {
@@ -251,7 +283,10 @@ impl<'a> Parser<'a> {
                         Kind::ChangeList => body.changes.push(change_entry(raw, index)?),
                         Kind::ChangeListIndex => body.index.push(index_entry(raw, index)?),
                         Kind::CapabilityList => body.caps.push(capability_entry(raw, index)?),
-                        Kind::SourceDescription => body.lists.push(required_loc(raw.loc, index)?),
+                        Kind::SourceDescription | Kind::ResourceListIndex => {
+                            body.lists.push(required_loc(raw.loc, index)?)
+                        }
+                        Kind::ResourceList => body.changes.push(resource_entry(raw, index)?),
                     }
                     continue;
                 }
