@@ -1,0 +1,56 @@
+//! The ResourceSync `hash` attribute of a resource's bytes: `md5:HEX sha-256:HEX`, several
+//! algorithms separated by spaces (ResourceSync names them as IANA's hash function textual
+//! names: `md5`, `sha-1`, `sha-256`, `sha-512`).
+
+use md5::Md5;
+use sha1::Sha1;
+use sha2::{Digest, Sha256, Sha512};
+
+/// The `hash` value a source gives for `bytes`: `md5:… sha-256:…`.
+pub fn of(bytes: &[u8]) -> String {
+    format!(
+        "md5:{} sha-256:{}",
+        hex::encode(Md5::digest(bytes)),
+        hex::encode(Sha256::digest(bytes))
+    )
+}
+
+/// Checks `bytes` against a `hash` value: every algorithm it names that is known here must
+/// match (unknown ones are skipped). The reason names the first that does not.
+pub fn check(expected: &str, bytes: &[u8]) -> Result<(), String> {
+    for item in expected.split_whitespace() {
+        let Some((alg, want)) = item.split_once(':') else {
+            continue;
+        };
+        let got = match alg.to_ascii_lowercase().as_str() {
+            "md5" => hex::encode(Md5::digest(bytes)),
+            "sha-1" | "sha1" => hex::encode(Sha1::digest(bytes)),
+            "sha-256" | "sha256" => hex::encode(Sha256::digest(bytes)),
+            "sha-512" | "sha512" => hex::encode(Sha512::digest(bytes)),
+            _ => continue,
+        };
+        if !got.eq_ignore_ascii_case(want) {
+            return Err(format!("{alg} is {got}, not {want}"));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_digests_and_checks() {
+        assert_eq!(
+            of(b"abc"),
+            "md5:900150983cd24fb0d6963f7d28e17f72 \
+             sha-256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert!(check(&of(b"abc"), b"abc").is_ok());
+        assert!(check(&of(b"abc"), b"abd").unwrap_err().starts_with("md5"));
+        assert!(check("sha-1:A9993E364706816ABA3E25717850C26C9CD0D89D", b"abc").is_ok());
+        assert!(check("crc32:00 nonsense", b"abc").is_ok());
+        assert!(check("sha-256:00", b"abc").is_err());
+    }
+}
