@@ -1,5 +1,6 @@
 //! The error every handler answers with: a status and a short reason, as JSON. Store failures
-//! become 503 without internals (and are logged); refused credentials become 401 or 403.
+//! become 503 without internals (and are logged), a full disk 507 (logged by the store, once);
+//! refused credentials become 401 or 403.
 
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -47,6 +48,26 @@ impl ApiError {
 
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> ApiError {
+        match e {
+            // The store logs these itself, at a bounded rate: not once per request.
+            StoreError::Full(_) => ApiError::new(
+                StatusCode::INSUFFICIENT_STORAGE,
+                "the hub's disk is full: nothing can be stored until space is freed, and this \
+                 request stored nothing; retry later",
+            ),
+            StoreError::Io(_) => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the store is closed after an I/O error (such as a full disk) and reopens on its \
+                 own; try again",
+            ),
+            e => ApiError::logged(e),
+        }
+    }
+}
+
+impl ApiError {
+    /// A store error that the store does not log itself: logged here, once per request.
+    fn logged(e: StoreError) -> ApiError {
         tracing::error!(error = %e, "store error");
         match e {
             StoreError::OutcomeUnknown(_) => ApiError::new(
@@ -100,6 +121,13 @@ impl IntoResponse for ApiError {
                 http::HeaderValue::from_static("1"),
             );
         }
+        // A full disk takes a person to free space: no point in retrying every second.
+        if self.status == StatusCode::INSUFFICIENT_STORAGE {
+            headers.insert(
+                http::header::RETRY_AFTER,
+                http::HeaderValue::from_static("10"),
+            );
+        }
         if let Some(oldest) = self.oldest {
             if let Ok(v) = http::HeaderValue::from_str(&oldest.to_string()) {
                 headers.insert("x-changehub-oldest", v);
@@ -141,5 +169,25 @@ impl ApiError {
                 ApiError::new(StatusCode::FORBIDDEN, format!("wrong token for {what}"))
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A full disk is 507 with a reason, in the error format of every other answer.
+    #[tokio::test]
+    async fn a_full_disk_is_507_with_a_reason() {
+        let response = ApiError::from(StoreError::Full("ENOSPC".into())).into_response();
+        assert_eq!(response.status(), StatusCode::INSUFFICIENT_STORAGE);
+        assert!(response.headers().contains_key(http::header::RETRY_AFTER));
+        let body = axum::body::to_bytes(response.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        let reason = body["error"].as_str().unwrap();
+        assert!(reason.contains("disk is full"), "{reason}");
+        assert!(!reason.contains("ENOSPC"), "no internals: {reason}");
     }
 }

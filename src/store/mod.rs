@@ -33,10 +33,18 @@ pub use redis::RedisStore;
 /// How long an idempotency key is remembered.
 pub const IDEMPOTENCY_TTL: Duration = Duration::from_secs(24 * 3600);
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// The disk under the store is full: nothing can be written until space is freed. The
+    /// store logs this itself (a line when it starts, when it ends, and a bounded reminder).
+    #[error("no space left on the store's disk: {0}")]
+    Full(String),
+    /// The store's file failed (an I/O error, or a full disk for a read) and the store is
+    /// reopening it on its own; logged by the store like [`StoreError::Full`].
+    #[error("store I/O error: {0}")]
+    Io(String),
     /// A write whose answer never came (a timeout, a connection lost while waiting): it may
     /// have happened or not.
     #[error("the store did not confirm the write: {0}")]

@@ -8,7 +8,7 @@
 
 use redb::{Database, ReadableDatabase, ReadableTable, Table, TableDefinition, WriteTransaction};
 
-use super::{decode, unavailable, ChannelMeta, CHANGES, CHANNELS};
+use super::{decode, failed, ChannelMeta, CHANGES, CHANNELS};
 use crate::model::Change;
 use crate::store::{ResourcePage, StoreError};
 
@@ -27,8 +27,8 @@ pub(super) struct IndexWriter<'txn> {
 impl<'txn> IndexWriter<'txn> {
     pub(super) fn open(txn: &'txn WriteTransaction) -> Result<IndexWriter<'txn>, StoreError> {
         Ok(IndexWriter {
-            resources: txn.open_table(RESOURCES).map_err(unavailable)?,
-            order: txn.open_table(RESOURCE_ORDER).map_err(unavailable)?,
+            resources: txn.open_table(RESOURCES).map_err(failed)?,
+            order: txn.open_table(RESOURCE_ORDER).map_err(failed)?,
             entry: Vec::new(),
         })
     }
@@ -47,15 +47,15 @@ impl<'txn> IndexWriter<'txn> {
         let previous = self
             .resources
             .insert((channel, change.loc.as_str()), self.entry.as_slice())
-            .map_err(unavailable)?
+            .map_err(failed)?
             .map(|old| seq_of(old.value()))
             .transpose()?;
         if let Some(old) = previous {
-            self.order.remove((channel, old)).map_err(unavailable)?;
+            self.order.remove((channel, old)).map_err(failed)?;
         }
         self.order
             .insert((channel, change.seq), change.loc.as_str())
-            .map_err(unavailable)?;
+            .map_err(failed)?;
         Ok(previous.is_none())
     }
 }
@@ -75,18 +75,18 @@ pub(super) fn read_page(
     after: u64,
     limit: usize,
 ) -> Result<ResourcePage, StoreError> {
-    let txn = db.begin_read().map_err(unavailable)?;
+    let txn = db.begin_read().map_err(failed)?;
     let meta = match txn
         .open_table(CHANNELS)
-        .map_err(unavailable)?
+        .map_err(failed)?
         .get(channel)
-        .map_err(unavailable)?
+        .map_err(failed)?
     {
         Some(v) => decode::<ChannelMeta>(v.value())?,
         None => ChannelMeta::default(),
     };
-    let order = txn.open_table(RESOURCE_ORDER).map_err(unavailable)?;
-    let resources = txn.open_table(RESOURCES).map_err(unavailable)?;
+    let order = txn.open_table(RESOURCE_ORDER).map_err(failed)?;
+    let resources = txn.open_table(RESOURCES).map_err(failed)?;
     let mut page = ResourcePage {
         resources: Vec::with_capacity(limit.min(50_000)),
         last: meta.last,
@@ -96,13 +96,13 @@ pub(super) fn read_page(
     }
     for entry in order
         .range((channel, after + 1)..=(channel, u64::MAX))
-        .map_err(unavailable)?
+        .map_err(failed)?
         .take(limit)
     {
-        let (_, loc) = entry.map_err(unavailable)?;
+        let (_, loc) = entry.map_err(failed)?;
         let stored = resources
             .get((channel, loc.value()))
-            .map_err(unavailable)?
+            .map_err(failed)?
             .ok_or_else(|| StoreError::Corrupt(format!("no index entry for {}", loc.value())))?;
         let bytes = stored.value();
         seq_of(bytes)?;
@@ -117,9 +117,9 @@ pub(super) fn read_one(
     channel: &str,
     loc: &str,
 ) -> Result<Option<Change>, StoreError> {
-    let txn = db.begin_read().map_err(unavailable)?;
-    let resources = txn.open_table(RESOURCES).map_err(unavailable)?;
-    let Some(stored) = resources.get((channel, loc)).map_err(unavailable)? else {
+    let txn = db.begin_read().map_err(failed)?;
+    let resources = txn.open_table(RESOURCES).map_err(failed)?;
+    let Some(stored) = resources.get((channel, loc)).map_err(failed)? else {
         return Ok(None);
     };
     let bytes = stored.value();
@@ -129,19 +129,19 @@ pub(super) fn read_one(
 
 /// The seq at every `every`-th position of the index, in seq order.
 pub(super) fn marks(db: &Database, channel: &str, every: usize) -> Result<Vec<u64>, StoreError> {
-    let txn = db.begin_read().map_err(unavailable)?;
-    let order = txn.open_table(RESOURCE_ORDER).map_err(unavailable)?;
+    let txn = db.begin_read().map_err(failed)?;
+    let order = txn.open_table(RESOURCE_ORDER).map_err(failed)?;
     let mut out = Vec::new();
     if every == 0 {
         return Ok(out);
     }
     for (i, entry) in order
         .range((channel, 0)..=(channel, u64::MAX))
-        .map_err(unavailable)?
+        .map_err(failed)?
         .enumerate()
     {
         if (i + 1) % every == 0 {
-            let (k, _) = entry.map_err(unavailable)?;
+            let (k, _) = entry.map_err(failed)?;
             out.push(k.value().1);
         }
     }
@@ -152,11 +152,11 @@ pub(super) fn marks(db: &Database, channel: &str, every: usize) -> Result<Vec<u6
 /// what its log retains. Runs once per channel (the channel's meta then says `indexed`).
 pub(super) fn backfill(db: &Database) -> Result<(), StoreError> {
     let pending: Vec<(String, ChannelMeta)> = {
-        let txn = db.begin_read().map_err(unavailable)?;
-        let table = txn.open_table(CHANNELS).map_err(unavailable)?;
+        let txn = db.begin_read().map_err(failed)?;
+        let table = txn.open_table(CHANNELS).map_err(failed)?;
         let mut out = Vec::new();
-        for entry in table.iter().map_err(unavailable)? {
-            let (k, v) = entry.map_err(unavailable)?;
+        for entry in table.iter().map_err(failed)? {
+            let (k, v) = entry.map_err(failed)?;
             let meta: ChannelMeta = decode(v.value())?;
             if !meta.indexed {
                 out.push((k.value().to_string(), meta));
@@ -165,15 +165,15 @@ pub(super) fn backfill(db: &Database) -> Result<(), StoreError> {
         out
     };
     for (channel, mut meta) in pending {
-        let txn = db.begin_write().map_err(unavailable)?;
+        let txn = db.begin_write().map_err(failed)?;
         {
-            let log = txn.open_table(CHANGES).map_err(unavailable)?;
+            let log = txn.open_table(CHANGES).map_err(failed)?;
             let mut index = IndexWriter::open(&txn)?;
             for entry in log
                 .range((channel.as_str(), meta.oldest)..=(channel.as_str(), u64::MAX))
-                .map_err(unavailable)?
+                .map_err(failed)?
             {
-                let (_, v) = entry.map_err(unavailable)?;
+                let (_, v) = entry.map_err(failed)?;
                 let change: Change = decode(v.value())?;
                 if index.record(&channel, &change, v.value())? {
                     meta.resources += 1;
@@ -181,11 +181,11 @@ pub(super) fn backfill(db: &Database) -> Result<(), StoreError> {
             }
             meta.indexed = true;
             txn.open_table(CHANNELS)
-                .map_err(unavailable)?
+                .map_err(failed)?
                 .insert(channel.as_str(), super::encode(&meta)?.as_slice())
-                .map_err(unavailable)?;
+                .map_err(failed)?;
         }
-        txn.commit().map_err(unavailable)?;
+        txn.commit().map_err(failed)?;
         tracing::info!(%channel, resources = meta.resources, "resource index built from the log");
     }
     Ok(())
@@ -224,7 +224,7 @@ mod tests {
             let batch = vec![change("a"), change("b"), change("a")];
             store.append("c", batch, None, now).await.unwrap();
             // Make it look like an older store.
-            let txn = store.db.begin_write().unwrap();
+            let txn = store.handle.db(true).unwrap().begin_write().unwrap();
             {
                 txn.open_table(RESOURCES)
                     .unwrap()

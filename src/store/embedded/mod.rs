@@ -18,9 +18,9 @@ use redb::{
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::{mpsc as std_mpsc, Arc, Mutex};
 use time::OffsetDateTime;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{oneshot, watch};
 
 use super::{
     new_epoch, Appended, ChannelHead, IdempotencyKey, Origin, ResourcePage, Store, StoreError,
@@ -36,7 +36,11 @@ const DELIVERY: TableDefinition<&str, &[u8]> = TableDefinition::new("delivery");
 /// Channels created at runtime: name → their settings (JSON).
 const CHANNEL_SPECS: TableDefinition<&str, &[u8]> = TableDefinition::new("channel-specs");
 
+mod file;
+mod handle;
 mod index;
+use file::DiskFull;
+use handle::Handle;
 use index::IndexWriter;
 
 /// Most appends committed in one transaction.
@@ -107,12 +111,15 @@ enum WriteJob {
 }
 
 pub struct EmbeddedStore {
-    db: Arc<Database>,
+    handle: Arc<Handle>,
     /// `None` only while dropping.
-    writes: Option<mpsc::UnboundedSender<WriteJob>>,
+    writes: Option<std_mpsc::Sender<WriteJob>>,
     writer: Option<std::thread::JoinHandle<()>>,
-    heads: Arc<Mutex<HashMap<String, watch::Sender<u64>>>>,
+    heads: Heads,
 }
+
+/// The head of every watched channel (see `Store::watch_head`).
+type Heads = Arc<Mutex<HashMap<String, watch::Sender<u64>>>>;
 
 impl Drop for EmbeddedStore {
     /// Stops the writer thread and waits for it, so that the database file is closed when the
@@ -125,9 +132,24 @@ impl Drop for EmbeddedStore {
     }
 }
 
-fn unavailable(e: impl std::fmt::Display) -> StoreError {
+/// A redb error (or an I/O error of the data folder) as a store error: a full disk is
+/// [`StoreError::Full`], another I/O error [`StoreError::Io`] — both break the store until it
+/// is reopened (`handle.rs`) — and anything else [`StoreError::Unavailable`].
+fn failed(e: impl Into<redb::Error>) -> StoreError {
     metrics::counter!("changehub_store_errors_total").increment(1);
-    StoreError::Unavailable(e.to_string())
+    match e.into() {
+        redb::Error::Io(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+            ) =>
+        {
+            StoreError::Full(e.to_string())
+        }
+        redb::Error::Io(e) => StoreError::Io(e.to_string()),
+        redb::Error::PreviousIo => StoreError::Io("previous I/O error".into()),
+        e => StoreError::Unavailable(e.to_string()),
+    }
 }
 
 fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, StoreError> {
@@ -141,42 +163,23 @@ fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, StoreError> {
 impl EmbeddedStore {
     /// Opens (or creates) the store in `dir`.
     pub fn open(dir: &Path) -> Result<EmbeddedStore, StoreError> {
-        std::fs::create_dir_all(dir).map_err(unavailable)?;
-        let path = dir.join("changehub.redb");
-        let db = Database::create(&path).map_err(|e| match e {
-            redb::DatabaseError::DatabaseAlreadyOpen => StoreError::Unavailable(format!(
-                "{} is in use by another process (another changehub serving the same \
-                 --data-dir?); one hub at a time per data folder",
-                path.display()
-            )),
-            other => StoreError::Unavailable(format!("{}: {other}", path.display())),
-        })?;
-        let txn = db.begin_write().map_err(unavailable)?;
-        {
-            // Create every table so that readers never meet a missing one.
-            txn.open_table(CHANGES).map_err(unavailable)?;
-            txn.open_table(CHANNELS).map_err(unavailable)?;
-            txn.open_table(IDEMPOTENCY).map_err(unavailable)?;
-            txn.open_table(SUBSCRIPTIONS).map_err(unavailable)?;
-            txn.open_table(DELIVERY).map_err(unavailable)?;
-            txn.open_table(CHANNEL_SPECS).map_err(unavailable)?;
-            txn.open_table(index::RESOURCES).map_err(unavailable)?;
-            txn.open_table(index::RESOURCE_ORDER).map_err(unavailable)?;
-        }
-        txn.commit().map_err(unavailable)?;
-        index::backfill(&db)?;
+        EmbeddedStore::open_with(dir, Arc::default())
+    }
 
-        let db = Arc::new(db);
-        let heads: Arc<Mutex<HashMap<String, watch::Sender<u64>>>> = Arc::default();
-        let (tx, rx) = mpsc::unbounded_channel();
-        let writer_db = db.clone();
+    /// Opens the store with a switch that makes its disk look full (tests).
+    fn open_with(dir: &Path, full: Arc<DiskFull>) -> Result<EmbeddedStore, StoreError> {
+        std::fs::create_dir_all(dir).map_err(failed)?;
+        let handle = Arc::new(Handle::open(dir, full)?);
+        let heads: Heads = Arc::default();
+        let (tx, rx) = std_mpsc::channel();
+        let writer_handle = handle.clone();
         let writer_heads = heads.clone();
         let writer = std::thread::Builder::new()
             .name("changehub-writer".into())
-            .spawn(move || writer_loop(writer_db, rx, writer_heads))
-            .map_err(unavailable)?;
+            .spawn(move || writer_loop(&writer_handle, rx, &writer_heads))
+            .map_err(failed)?;
         Ok(EmbeddedStore {
-            db,
+            handle,
             writes: Some(tx),
             writer: Some(writer),
             heads,
@@ -191,15 +194,28 @@ impl EmbeddedStore {
             .ok_or_else(|| StoreError::Unavailable("store closed".into()))
     }
 
-    /// Runs `f` on a blocking thread with the database.
+    /// Runs `f` on a blocking thread with the database (`write`: `f` writes).
     async fn blocking<T: Send + 'static>(
         &self,
+        write: bool,
         f: impl FnOnce(&Database) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
-        let db = self.db.clone();
-        tokio::task::spawn_blocking(move || f(&db))
-            .await
-            .map_err(unavailable)?
+        let handle = self.handle.clone();
+        tokio::task::spawn_blocking(move || {
+            let db = handle.db(write)?;
+            handle.check(f(&db), write)
+        })
+        .await
+        .map_err(|e| StoreError::Unavailable(e.to_string()))?
+    }
+
+    /// Reads on the caller's thread (for the few short reads of sync methods).
+    fn read_now<T>(
+        &self,
+        f: impl FnOnce(&Database) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let db = self.handle.db(false)?;
+        self.handle.check(f(&db), false)
     }
 }
 
@@ -210,12 +226,12 @@ fn put_record(
     key: &str,
     bytes: &[u8],
 ) -> Result<(), StoreError> {
-    let txn = db.begin_write().map_err(unavailable)?;
+    let txn = db.begin_write().map_err(failed)?;
     txn.open_table(table)
-        .map_err(unavailable)?
+        .map_err(failed)?
         .insert(key, bytes)
-        .map_err(unavailable)?;
-    txn.commit().map_err(unavailable)
+        .map_err(failed)?;
+    txn.commit().map_err(failed)
 }
 
 /// Every record of a table keyed by name, decoded.
@@ -223,33 +239,40 @@ fn all_records<T: for<'de> Deserialize<'de>>(
     db: &Database,
     table: TableDefinition<&str, &[u8]>,
 ) -> Result<Vec<T>, StoreError> {
-    let txn = db.begin_read().map_err(unavailable)?;
-    let table = txn.open_table(table).map_err(unavailable)?;
+    let txn = db.begin_read().map_err(failed)?;
+    let table = txn.open_table(table).map_err(failed)?;
     let mut out = Vec::new();
-    for entry in table.iter().map_err(unavailable)? {
-        let (_, v) = entry.map_err(unavailable)?;
+    for entry in table.iter().map_err(failed)? {
+        let (_, v) = entry.map_err(failed)?;
         out.push(decode(v.value())?);
     }
     Ok(out)
 }
 
 fn channel_meta(db: &Database, channel: &str) -> Result<ChannelMeta, StoreError> {
-    let txn = db.begin_read().map_err(unavailable)?;
-    let table = txn.open_table(CHANNELS).map_err(unavailable)?;
-    match table.get(channel).map_err(unavailable)? {
+    let txn = db.begin_read().map_err(failed)?;
+    let table = txn.open_table(CHANNELS).map_err(failed)?;
+    match table.get(channel).map_err(failed)? {
         Some(v) => decode(v.value()),
         None => Ok(ChannelMeta::default()),
     }
 }
 
 /// The writer thread: takes every waiting write, commits them in one transaction, answers
-/// each. The commit is fsynced when it holds an append; delivery state alone is not.
-fn writer_loop(
-    db: Arc<Database>,
-    mut rx: mpsc::UnboundedReceiver<WriteJob>,
-    heads: Arc<Mutex<HashMap<String, watch::Sender<u64>>>>,
-) {
-    while let Some(first) = rx.blocking_recv() {
+/// each. The commit is fsynced when it holds an append; delivery state alone is not. While the
+/// store is broken it answers every write with the error at once, and tries to reopen the store
+/// every [`handle::RETRY`]; once reopened, it tells every watched head where its log stands.
+fn writer_loop(handle: &Handle, rx: std_mpsc::Receiver<WriteJob>, heads: &Heads) {
+    loop {
+        let first = match rx.recv_timeout(handle::RETRY) {
+            Ok(job) => Some(job),
+            Err(std_mpsc::RecvTimeoutError::Timeout) => None,
+            Err(std_mpsc::RecvTimeoutError::Disconnected) => return,
+        };
+        if let Some(db) = handle.recover() {
+            refresh_heads(&db, heads);
+        }
+        let Some(first) = first else { continue };
         let mut jobs = vec![first];
         while jobs.len() < MAX_GROUP {
             match rx.try_recv() {
@@ -257,42 +280,11 @@ fn writer_loop(
                 Err(_) => break,
             }
         }
-        let durable = jobs.iter().any(|j| matches!(j, WriteJob::Append(_)));
-        let mut results = Vec::with_capacity(jobs.len());
-        let outcome = (|| -> Result<HashMap<String, u64>, StoreError> {
-            let mut txn = db.begin_write().map_err(unavailable)?;
-            if !durable {
-                txn.set_durability(Durability::None).map_err(unavailable)?;
-            }
-            let mut new_heads = HashMap::new();
-            for job in &mut jobs {
-                match job {
-                    WriteJob::Append(job) => {
-                        let changes = std::mem::take(&mut job.changes);
-                        let result = append_in(&txn, job, changes);
-                        match &result {
-                            Ok(a) if !a.replayed => {
-                                new_heads.insert(job.channel.clone(), a.last);
-                            }
-                            Err(StoreError::IdempotencyConflict) | Ok(_) => {}
-                            Err(e) => return Err(unavailable(e)),
-                        }
-                        results.push(result);
-                    }
-                    WriteJob::Delivery(job) => {
-                        txn.open_table(DELIVERY)
-                            .map_err(unavailable)?
-                            .insert(job.id.as_str(), job.bytes.as_slice())
-                            .map_err(unavailable)?;
-                        results.push(Ok(Appended::default()));
-                    }
-                }
-            }
-            txn.commit().map_err(unavailable)?;
-            Ok(new_heads)
-        })();
+        let outcome = handle
+            .db(true)
+            .and_then(|db| handle.check(commit(&db, &mut jobs), true));
         match outcome {
-            Ok(new_heads) => {
+            Ok((new_heads, results)) => {
                 {
                     let heads = heads.lock().unwrap_or_else(|e| e.into_inner());
                     for (channel, last) in new_heads {
@@ -313,18 +305,75 @@ fn writer_loop(
                 }
             }
             Err(e) => {
-                tracing::error!(error = %e, "write transaction failed");
+                // Logged by the handle when the store broke; any other error here is rare.
+                if !matches!(e, StoreError::Full(_) | StoreError::Io(_)) {
+                    tracing::error!(error = %e, "write transaction failed");
+                }
                 for job in jobs {
                     match job {
                         WriteJob::Append(job) => {
-                            let _ = job.reply.send(Err(unavailable(&e)));
+                            let _ = job.reply.send(Err(e.clone()));
                         }
                         WriteJob::Delivery(job) => {
-                            let _ = job.reply.send(Err(unavailable(&e)));
+                            let _ = job.reply.send(Err(e.clone()));
                         }
                     }
                 }
             }
+        }
+    }
+}
+
+/// The new heads, and one result per job.
+type Committed = (HashMap<String, u64>, Vec<Result<Appended, StoreError>>);
+
+/// Commits `jobs` in one write transaction (see [`writer_loop`]).
+fn commit(db: &Database, jobs: &mut [WriteJob]) -> Result<Committed, StoreError> {
+    let durable = jobs.iter().any(|j| matches!(j, WriteJob::Append(_)));
+    let mut txn = db.begin_write().map_err(failed)?;
+    if !durable {
+        txn.set_durability(Durability::None).map_err(failed)?;
+    }
+    let mut new_heads = HashMap::new();
+    let mut results = Vec::with_capacity(jobs.len());
+    for job in jobs.iter_mut() {
+        match job {
+            WriteJob::Append(job) => {
+                let changes = std::mem::take(&mut job.changes);
+                let result = append_in(&txn, job, changes);
+                match &result {
+                    Ok(a) if !a.replayed => {
+                        new_heads.insert(job.channel.clone(), a.last);
+                    }
+                    Err(StoreError::IdempotencyConflict) | Ok(_) => {}
+                    Err(e) => return Err(e.clone()),
+                }
+                results.push(result);
+            }
+            WriteJob::Delivery(job) => {
+                txn.open_table(DELIVERY)
+                    .map_err(failed)?
+                    .insert(job.id.as_str(), job.bytes.as_slice())
+                    .map_err(failed)?;
+                results.push(Ok(Appended::default()));
+            }
+        }
+    }
+    txn.commit().map_err(failed)?;
+    Ok((new_heads, results))
+}
+
+/// After a reopen: moves every watched head to the last seq of its log (a write answered with
+/// an error may still have reached the file when the error came after the commit).
+fn refresh_heads(db: &Database, heads: &Heads) {
+    let heads = heads.lock().unwrap_or_else(|e| e.into_inner());
+    for (channel, tx) in heads.iter() {
+        if let Ok(meta) = channel_meta(db, channel) {
+            tx.send_if_modified(|last| {
+                let moved = meta.last > *last;
+                *last = (*last).max(meta.last);
+                moved
+            });
         }
     }
 }
@@ -335,9 +384,9 @@ fn append_in(
     changes: Vec<NewChange>,
 ) -> Result<Appended, StoreError> {
     let channel = job.channel.as_str();
-    let mut idem = txn.open_table(IDEMPOTENCY).map_err(unavailable)?;
+    let mut idem = txn.open_table(IDEMPOTENCY).map_err(failed)?;
     if let Some(key) = &job.idempotency {
-        if let Some(v) = idem.get((channel, key.key.as_str())).map_err(unavailable)? {
+        if let Some(v) = idem.get((channel, key.key.as_str())).map_err(failed)? {
             let record: IdempotencyRecord = decode(v.value())?;
             if record.at + IDEMPOTENCY_TTL > job.now {
                 if record.fingerprint != key.fingerprint {
@@ -350,12 +399,12 @@ fn append_in(
             }
         }
     }
-    let mut meta_table = txn.open_table(CHANNELS).map_err(unavailable)?;
-    let mut meta = match meta_table.get(channel).map_err(unavailable)? {
+    let mut meta_table = txn.open_table(CHANNELS).map_err(failed)?;
+    let mut meta = match meta_table.get(channel).map_err(failed)? {
         Some(v) => decode::<ChannelMeta>(v.value())?,
         None => ChannelMeta::default(),
     };
-    let mut log = txn.open_table(CHANGES).map_err(unavailable)?;
+    let mut log = txn.open_table(CHANGES).map_err(failed)?;
     let mut index = IndexWriter::open(txn)?;
     let first = meta.last + 1;
     let accepted = changes.len();
@@ -369,7 +418,7 @@ fn append_in(
         let change = Change::from_new(seq, new, datetime);
         let json = encode(&change)?;
         log.insert((channel, seq), json.as_slice())
-            .map_err(unavailable)?;
+            .map_err(failed)?;
         if index.record(channel, &change, &json)? {
             meta.resources += 1;
         }
@@ -378,7 +427,7 @@ fn append_in(
     }
     meta_table
         .insert(channel, encode(&meta)?.as_slice())
-        .map_err(unavailable)?;
+        .map_err(failed)?;
     let appended = Appended {
         accepted,
         first,
@@ -392,7 +441,7 @@ fn append_in(
             at: job.now,
         };
         idem.insert((channel, key.key.as_str()), encode(&record)?.as_slice())
-            .map_err(unavailable)?;
+            .map_err(failed)?;
     }
     Ok(appended)
 }
@@ -403,15 +452,15 @@ fn read_range(
     from: u64,
     limit: usize,
 ) -> Result<Vec<Change>, StoreError> {
-    let txn = db.begin_read().map_err(unavailable)?;
-    let table = txn.open_table(CHANGES).map_err(unavailable)?;
+    let txn = db.begin_read().map_err(failed)?;
+    let table = txn.open_table(CHANGES).map_err(failed)?;
     let mut out = Vec::with_capacity(limit.min(50_000));
     for entry in table
         .range((channel, from)..=(channel, u64::MAX))
-        .map_err(unavailable)?
+        .map_err(failed)?
         .take(limit)
     {
-        let (_, v) = entry.map_err(unavailable)?;
+        let (_, v) = entry.map_err(failed)?;
         out.push(decode(v.value())?);
     }
     Ok(out)
@@ -446,13 +495,15 @@ impl Store for EmbeddedStore {
         limit: usize,
     ) -> Result<Vec<Change>, StoreError> {
         let channel = channel.to_string();
-        self.blocking(move |db| read_range(db, &channel, after.saturating_add(1), limit))
-            .await
+        self.blocking(false, move |db| {
+            read_range(db, &channel, after.saturating_add(1), limit)
+        })
+        .await
     }
 
     async fn read_newest(&self, channel: &str, limit: usize) -> Result<Vec<Change>, StoreError> {
         let channel = channel.to_string();
-        self.blocking(move |db| {
+        self.blocking(false, move |db| {
             let meta = channel_meta(db, &channel)?;
             let from = meta
                 .last
@@ -466,7 +517,7 @@ impl Store for EmbeddedStore {
 
     async fn head(&self, channel: &str) -> Result<ChannelHead, StoreError> {
         let channel = channel.to_string();
-        self.blocking(move |db| {
+        self.blocking(false, move |db| {
             let meta = channel_meta(db, &channel)?;
             Ok(ChannelHead {
                 oldest: meta.oldest,
@@ -481,8 +532,12 @@ impl Store for EmbeddedStore {
         if let Some(tx) = heads.get(channel) {
             return tx.subscribe();
         }
-        // Created under the lock, so the writer cannot publish a head we then miss.
-        let last = channel_meta(&self.db, channel).map(|m| m.last).unwrap_or(0);
+        // Created under the lock, so the writer cannot publish a head we then miss. While the
+        // store is broken it starts at 0, and moves when the store is reopened.
+        let last = self
+            .read_now(|db| channel_meta(db, channel))
+            .map(|m| m.last)
+            .unwrap_or(0);
         let (tx, rx) = watch::channel(last);
         heads.insert(channel.to_string(), tx);
         rx
@@ -495,16 +550,16 @@ impl Store for EmbeddedStore {
         now: OffsetDateTime,
     ) -> Result<u64, StoreError> {
         let channel = channel.to_string();
-        self.blocking(move |db| {
-            let txn = db.begin_write().map_err(unavailable)?;
+        self.blocking(true, move |db| {
+            let txn = db.begin_write().map_err(failed)?;
             let removed;
             {
-                let mut meta_table = txn.open_table(CHANNELS).map_err(unavailable)?;
-                let mut meta = match meta_table.get(channel.as_str()).map_err(unavailable)? {
+                let mut meta_table = txn.open_table(CHANNELS).map_err(failed)?;
+                let mut meta = match meta_table.get(channel.as_str()).map_err(failed)? {
                     Some(v) => decode::<ChannelMeta>(v.value())?,
                     None => ChannelMeta::default(),
                 };
-                let mut log = txn.open_table(CHANGES).map_err(unavailable)?;
+                let mut log = txn.open_table(CHANGES).map_err(failed)?;
                 let retained = (meta.last + 1).saturating_sub(meta.oldest);
                 let mut new_oldest = meta.oldest + retained.saturating_sub(retention.max_changes);
                 if let Some(age) = retention.max_age {
@@ -512,9 +567,9 @@ impl Store for EmbeddedStore {
                     // Walk forward past changes older than the cutoff; keep the newest.
                     for entry in log
                         .range((channel.as_str(), new_oldest)..(channel.as_str(), meta.last))
-                        .map_err(unavailable)?
+                        .map_err(failed)?
                     {
-                        let (k, v) = entry.map_err(unavailable)?;
+                        let (k, v) = entry.map_err(failed)?;
                         let change: Change = decode(v.value())?;
                         if change.datetime >= cutoff {
                             break;
@@ -525,19 +580,19 @@ impl Store for EmbeddedStore {
                 let new_oldest = retention.cut(new_oldest).max(meta.oldest);
                 removed = new_oldest - meta.oldest;
                 for seq in meta.oldest..new_oldest {
-                    log.remove((channel.as_str(), seq)).map_err(unavailable)?;
+                    log.remove((channel.as_str(), seq)).map_err(failed)?;
                 }
                 if removed > 0 {
                     meta.oldest = new_oldest;
                     meta_table
                         .insert(channel.as_str(), encode(&meta)?.as_slice())
-                        .map_err(unavailable)?;
+                        .map_err(failed)?;
                 }
 
-                let mut idem = txn.open_table(IDEMPOTENCY).map_err(unavailable)?;
+                let mut idem = txn.open_table(IDEMPOTENCY).map_err(failed)?;
                 let mut expired = Vec::new();
-                for entry in idem.range((channel.as_str(), "")..).map_err(unavailable)? {
-                    let (k, v) = entry.map_err(unavailable)?;
+                for entry in idem.range((channel.as_str(), "")..).map_err(failed)? {
+                    let (k, v) = entry.map_err(failed)?;
                     let (ch, key) = k.value();
                     if ch != channel {
                         break;
@@ -549,10 +604,10 @@ impl Store for EmbeddedStore {
                 }
                 for key in expired {
                     idem.remove((channel.as_str(), key.as_str()))
-                        .map_err(unavailable)?;
+                        .map_err(failed)?;
                 }
             }
-            txn.commit().map_err(unavailable)?;
+            txn.commit().map_err(failed)?;
             Ok(removed)
         })
         .await
@@ -563,17 +618,17 @@ impl Store for EmbeddedStore {
             created: Some(created),
             epoch: Some(epoch),
             ..
-        } = channel_meta(&self.db, channel)?
+        } = self.read_now(|db| channel_meta(db, channel))?
         {
             return Ok(Origin { created, epoch });
         }
         let channel = channel.to_string();
-        self.blocking(move |db| {
-            let txn = db.begin_write().map_err(unavailable)?;
+        self.blocking(true, move |db| {
+            let txn = db.begin_write().map_err(failed)?;
             let origin;
             {
-                let mut table = txn.open_table(CHANNELS).map_err(unavailable)?;
-                let mut meta = match table.get(channel.as_str()).map_err(unavailable)? {
+                let mut table = txn.open_table(CHANNELS).map_err(failed)?;
+                let mut meta = match table.get(channel.as_str()).map_err(failed)? {
                     Some(v) => decode::<ChannelMeta>(v.value())?,
                     None => ChannelMeta::default(),
                 };
@@ -582,9 +637,9 @@ impl Store for EmbeddedStore {
                 origin = Origin { created, epoch };
                 table
                     .insert(channel.as_str(), encode(&meta)?.as_slice())
-                    .map_err(unavailable)?;
+                    .map_err(failed)?;
             }
-            txn.commit().map_err(unavailable)?;
+            txn.commit().map_err(failed)?;
             Ok(origin)
         })
         .await
@@ -597,45 +652,47 @@ impl Store for EmbeddedStore {
         limit: usize,
     ) -> Result<ResourcePage, StoreError> {
         let channel = channel.to_string();
-        self.blocking(move |db| index::read_page(db, &channel, after, limit))
-            .await
+        self.blocking(false, move |db| {
+            index::read_page(db, &channel, after, limit)
+        })
+        .await
     }
 
     async fn resource(&self, channel: &str, loc: &str) -> Result<Option<Change>, StoreError> {
         let (channel, loc) = (channel.to_string(), loc.to_string());
-        self.blocking(move |db| index::read_one(db, &channel, &loc))
+        self.blocking(false, move |db| index::read_one(db, &channel, &loc))
             .await
     }
 
     async fn resource_count(&self, channel: &str) -> Result<u64, StoreError> {
         let channel = channel.to_string();
-        self.blocking(move |db| Ok(channel_meta(db, &channel)?.resources))
+        self.blocking(false, move |db| Ok(channel_meta(db, &channel)?.resources))
             .await
     }
 
     async fn resource_marks(&self, channel: &str, every: usize) -> Result<Vec<u64>, StoreError> {
         let channel = channel.to_string();
-        self.blocking(move |db| index::marks(db, &channel, every))
+        self.blocking(false, move |db| index::marks(db, &channel, every))
             .await
     }
 
     async fn put_channel(&self, spec: &ChannelSpec) -> Result<(), StoreError> {
         let (name, bytes) = (spec.name.clone(), encode(spec)?);
-        self.blocking(move |db| put_record(db, CHANNEL_SPECS, &name, &bytes))
+        self.blocking(true, move |db| put_record(db, CHANNEL_SPECS, &name, &bytes))
             .await
     }
 
     async fn delete_channel(&self, name: &str) -> Result<bool, StoreError> {
         let name = name.to_string();
-        self.blocking(move |db| {
-            let txn = db.begin_write().map_err(unavailable)?;
+        self.blocking(true, move |db| {
+            let txn = db.begin_write().map_err(failed)?;
             let existed = txn
                 .open_table(CHANNEL_SPECS)
-                .map_err(unavailable)?
+                .map_err(failed)?
                 .remove(name.as_str())
-                .map_err(unavailable)?
+                .map_err(failed)?
                 .is_some();
-            txn.commit().map_err(unavailable)?;
+            txn.commit().map_err(failed)?;
             Ok(existed)
         })
         .await
@@ -643,47 +700,49 @@ impl Store for EmbeddedStore {
 
     async fn stored_channel(&self, name: &str) -> Result<Option<ChannelSpec>, StoreError> {
         let name = name.to_string();
-        self.blocking(move |db| {
-            let txn = db.begin_read().map_err(unavailable)?;
-            let table = txn.open_table(CHANNEL_SPECS).map_err(unavailable)?;
-            let found = table.get(name.as_str()).map_err(unavailable)?;
+        self.blocking(false, move |db| {
+            let txn = db.begin_read().map_err(failed)?;
+            let table = txn.open_table(CHANNEL_SPECS).map_err(failed)?;
+            let found = table.get(name.as_str()).map_err(failed)?;
             found.map(|v| decode(v.value())).transpose()
         })
         .await
     }
 
     async fn stored_channels(&self) -> Result<Vec<ChannelSpec>, StoreError> {
-        self.blocking(|db| all_records(db, CHANNEL_SPECS)).await
+        self.blocking(false, |db| all_records(db, CHANNEL_SPECS))
+            .await
     }
 
     async fn put_subscription(&self, sub: &Subscription) -> Result<(), StoreError> {
         let (id, bytes) = (sub.id.clone(), encode(sub)?);
-        self.blocking(move |db| put_record(db, SUBSCRIPTIONS, &id, &bytes))
+        self.blocking(true, move |db| put_record(db, SUBSCRIPTIONS, &id, &bytes))
             .await
     }
 
     async fn delete_subscription(&self, id: &str) -> Result<bool, StoreError> {
         let id = id.to_string();
-        self.blocking(move |db| {
-            let txn = db.begin_write().map_err(unavailable)?;
+        self.blocking(true, move |db| {
+            let txn = db.begin_write().map_err(failed)?;
             let existed = txn
                 .open_table(SUBSCRIPTIONS)
-                .map_err(unavailable)?
+                .map_err(failed)?
                 .remove(id.as_str())
-                .map_err(unavailable)?
+                .map_err(failed)?
                 .is_some();
             txn.open_table(DELIVERY)
-                .map_err(unavailable)?
+                .map_err(failed)?
                 .remove(id.as_str())
-                .map_err(unavailable)?;
-            txn.commit().map_err(unavailable)?;
+                .map_err(failed)?;
+            txn.commit().map_err(failed)?;
             Ok(existed)
         })
         .await
     }
 
     async fn subscriptions(&self) -> Result<Vec<Subscription>, StoreError> {
-        self.blocking(|db| all_records(db, SUBSCRIPTIONS)).await
+        self.blocking(false, |db| all_records(db, SUBSCRIPTIONS))
+            .await
     }
 
     async fn put_delivery(&self, sub_id: &str, state: &DeliveryState) -> Result<(), StoreError> {
@@ -700,10 +759,10 @@ impl Store for EmbeddedStore {
 
     async fn delivery(&self, sub_id: &str) -> Result<Option<DeliveryState>, StoreError> {
         let id = sub_id.to_string();
-        self.blocking(move |db| {
-            let txn = db.begin_read().map_err(unavailable)?;
-            let table = txn.open_table(DELIVERY).map_err(unavailable)?;
-            match table.get(id.as_str()).map_err(unavailable)? {
+        self.blocking(false, move |db| {
+            let txn = db.begin_read().map_err(failed)?;
+            let table = txn.open_table(DELIVERY).map_err(failed)?;
+            match table.get(id.as_str()).map_err(failed)? {
                 Some(v) => decode(v.value()).map(Some),
                 None => Ok(None),
             }
@@ -711,9 +770,10 @@ impl Store for EmbeddedStore {
         .await
     }
 
+    /// Fails while the store is broken (see `handle.rs`).
     async fn ping(&self) -> Result<(), StoreError> {
-        self.blocking(|db| {
-            db.begin_read().map_err(unavailable)?;
+        self.blocking(false, |db| {
+            db.begin_read().map_err(failed)?;
             Ok(())
         })
         .await
