@@ -41,7 +41,8 @@ enum Command {
     /// printed.
     Tail(tail::TailArgs),
     /// Push changes to a channel from files (JSON, NDJSON, a ResourceSync Change List) or
-    /// stdin, split into requests, each with an Idempotency-Key, retried until accepted.
+    /// stdin, split into requests, each with an Idempotency-Key, retried until accepted; or,
+    /// with --scan DIR, what changed in a folder since the last scan.
     Publish(publish::PublishArgs),
 }
 
@@ -53,14 +54,18 @@ async fn main() -> std::process::ExitCode {
         Command::Serve(args) => serve(*args).await,
         Command::Healthcheck(args) => healthcheck::run(args).await,
         Command::Tail(args) => tail::run(args, shutdown_signal()).await,
-        Command::Publish(args) => publish::run(args).await,
+        Command::Publish(args) => publish::run(args).await.map_err(Into::into),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             // One line: the error and its causes, without a backtrace.
             eprintln!("changehub: {e:#}");
-            std::process::ExitCode::FAILURE
+            // A command with exit statuses of its own says which; anything else is 1.
+            let code = e
+                .downcast_ref::<publish::PublishError>()
+                .map_or(1, publish::PublishError::exit_code);
+            std::process::ExitCode::from(code)
         }
     }
 }

@@ -4,7 +4,8 @@
 //!
 //! - [`tail`]: `changehub tail`, follows a channel over the websocket from a cursor.
 //! - [`publish`]: `changehub publish`, pushes changes from files or stdin, split into
-//!   requests with idempotency keys, retried until accepted.
+//!   requests with idempotency keys, retried until accepted; [`scan`] makes a folder a
+//!   source (`publish --scan DIR`: what changed since the last scan, and the state file).
 //! - [`healthcheck`]: `changehub healthcheck`, exit status from the hub's `/readyz`.
 //!
 //! Nothing here is used by the server, and nothing here uses the server's modules beyond the
@@ -13,4 +14,5 @@
 pub mod conn;
 pub mod healthcheck;
 pub mod publish;
+pub mod scan;
 pub mod tail;

@@ -1,26 +1,32 @@
-//! `changehub publish`: pushes changes from files (or stdin) to a channel, as a source would.
+//! `changehub publish`: pushes changes from files (or stdin) to a channel, as a source would,
+//! or — with `--scan DIR` — what changed in a folder since the last scan ([`super::scan`]).
 //!
 //! JSON (one change, an array, or `{"changes": […]}`) and NDJSON inputs are cut into requests
 //! of at most `--batch` changes and `--max-request-bytes` bytes, sent as NDJSON; a ResourceSync
 //! Change List (XML) is sent whole. Every request carries an `Idempotency-Key` derived from
 //! the channel, the chunk's place in the input and its bytes, so a retry — after a timeout, a
 //! 503 or 504, a lost connection, a hub restart — never appends twice, and neither does running
-//! the same publish again within a day (the hub remembers keys for 24 hours).
+//! the same publish again within a day (the hub remembers keys for 24 hours). A scan's keys
+//! derive from the state it starts from instead (see [`super::scan`]).
 //!
 //! Requests go one at a time, in input order, unless `--parallel N` (then the order of the
-//! chunks in the log is not the input's). Progress goes to stderr; the end is one summary
-//! line. Exit status: 0 when everything was accepted; 1 otherwise, with the hub's reason.
+//! chunks in the log is not the input's; a scan always goes in order). Progress goes to
+//! stderr: a bar (changes/s, ETA) on a terminal, one line per request otherwise; the end is
+//! one summary line. The outcome is a [`PublishError`], whose [`PublishError::exit_code`] is
+//! the process's exit status.
 
 use anyhow::{bail, Context};
 use futures_util::stream::{self, StreamExt, TryStreamExt};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use sha2::{Digest, Sha256};
-use std::io::Read;
-use std::path::PathBuf;
+use std::io::{IsTerminal, Read};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::conn::http_client;
+use super::scan;
 use crate::retry::Reconnect;
 
 /// Input formats.
@@ -33,6 +39,13 @@ pub enum InputFormat {
 
 /// Flags of `changehub publish`.
 #[derive(Debug, Clone, clap::Args)]
+#[command(
+    after_help = "Exit status: 0 every change was accepted; 1 the hub refused a request \
+(a wrong token, an unknown channel, an invalid change: 4xx); 2 bad usage or bad input (a \
+malformed or unreadable file, a --scan folder that cannot be read, a bad --base-url, a state \
+file that cannot be written); 3 the hub stayed unreachable or busy (timeouts, 408, 429, 5xx) \
+for --retry-for."
+)]
 pub struct PublishArgs {
     /// The hub's base URL.
     #[arg(
@@ -64,8 +77,53 @@ pub struct PublishArgs {
     /// giving up (default 10m).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10m")]
     pub retry_for: Duration,
+    /// Publish what changed in folder DIR since the last scan (created, updated, deleted),
+    /// instead of FILEs; needs --base-url and --state.
+    #[arg(
+        long,
+        value_name = "DIR",
+        requires_all = ["base_url", "state"],
+        conflicts_with_all = ["files", "format"]
+    )]
+    pub scan: Option<PathBuf>,
+    /// With --scan: the URL the folder is served at; a file's loc is this URL joined with its
+    /// relative path, each segment percent-encoded.
+    #[arg(long, value_name = "URL", requires = "scan")]
+    pub base_url: Option<String>,
+    /// With --scan: the file that records the last scan (created when missing: then every
+    /// file is published as created); rewritten atomically after each accepted request.
+    #[arg(long, value_name = "FILE", requires = "scan")]
+    pub state: Option<PathBuf>,
     /// Files to publish, in order (none: stdin).
     pub files: Vec<PathBuf>,
+}
+
+/// Why a publish failed, by what the user can do about it.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    /// The hub refused a request (4xx: a wrong token, an invalid change) or answered
+    /// something unexpected: exit status 1.
+    #[error("{0:#}")]
+    Refused(anyhow::Error),
+    /// Bad flags or bad input: a file that cannot be read or parsed, a folder that cannot be
+    /// scanned, a bad base URL, a state file that cannot be written: exit status 2 (as clap's
+    /// usage errors).
+    #[error("{0:#}")]
+    Input(anyhow::Error),
+    /// The hub stayed unreachable or busy until `--retry-for` ran out: exit status 3.
+    #[error("{0:#}")]
+    Unreachable(anyhow::Error),
+}
+
+impl PublishError {
+    /// The process's exit status for this failure.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            PublishError::Refused(_) => 1,
+            PublishError::Input(_) => 2,
+            PublishError::Unreachable(_) => 3,
+        }
+    }
 }
 
 /// One request's worth of input.
@@ -76,7 +134,96 @@ struct Chunk {
     key: String,
 }
 
-pub async fn run(args: PublishArgs) -> anyhow::Result<()> {
+/// What a publish reports: a progress bar on a terminal, plain lines otherwise.
+struct Progress {
+    bar: Option<ProgressBar>,
+    total: u64,
+    done: AtomicU64,
+    started: Instant,
+}
+
+impl Progress {
+    fn new(total: usize) -> Progress {
+        let bar = (std::io::stderr().is_terminal() && total > 0).then(|| {
+            let bar = ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::stderr());
+            if let Ok(style) = ProgressStyle::with_template(
+                "{elapsed_precise} [{wide_bar}] {human_pos}/{human_len} changes, {per_sec}, ETA {eta} {msg}",
+            ) {
+                bar.set_style(style.progress_chars("=> "));
+            }
+            bar
+        });
+        Progress {
+            bar,
+            total: total as u64,
+            done: AtomicU64::new(0),
+            started: Instant::now(),
+        }
+    }
+
+    /// `changes` more were accepted, with these seqs.
+    fn accepted(&self, changes: usize, (first, last): (u64, u64)) {
+        let sent = self.done.fetch_add(changes as u64, Ordering::Relaxed) + changes as u64;
+        match &self.bar {
+            Some(bar) => {
+                bar.inc(changes as u64);
+                bar.set_message(format!("seqs ..{last}"));
+            }
+            None => {
+                let secs = self.started.elapsed().as_secs_f64().max(0.001);
+                eprintln!(
+                    "published {sent}/{} changes ({:.0}/s); seqs {first}..{last}",
+                    self.total,
+                    sent as f64 / secs
+                );
+            }
+        }
+    }
+
+    /// A line that is not progress (a retry), above the bar when there is one.
+    fn note(&self, line: &str) {
+        match &self.bar {
+            Some(bar) => bar.println(line),
+            None => eprintln!("{line}"),
+        }
+    }
+
+    /// Removes the bar and prints the summary.
+    fn finish(&self, seqs: &[(u64, u64)]) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+        let first = seqs
+            .iter()
+            .map(|s| s.0)
+            .filter(|&s| s > 0)
+            .min()
+            .unwrap_or(0);
+        let last = seqs.iter().map(|s| s.1).max().unwrap_or(0);
+        eprintln!(
+            "done: {} changes accepted in {} requests, seqs {first}..{last}, {:.1} s",
+            self.total,
+            seqs.len(),
+            self.started.elapsed().as_secs_f64()
+        );
+    }
+}
+
+pub async fn run(args: PublishArgs) -> Result<(), PublishError> {
+    check(&args).map_err(PublishError::Input)?;
+    let url = format!(
+        "{}/channels/{}/changes",
+        args.hub.trim_end_matches('/'),
+        args.channel
+    );
+    let client = http_client(Duration::from_secs(60)).map_err(PublishError::Input)?;
+    match &args.scan {
+        Some(dir) => publish_scan(&args, &client, &url, dir).await,
+        None => publish_files(&args, &client, &url).await,
+    }
+}
+
+fn check(args: &PublishArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
         crate::model::valid_channel_name(&args.channel),
         "{:?} is not a channel name ([a-z0-9][a-z0-9._-]{{0,63}})",
@@ -84,11 +231,107 @@ pub async fn run(args: PublishArgs) -> anyhow::Result<()> {
     );
     anyhow::ensure!(args.batch >= 1, "--batch must be at least 1");
     anyhow::ensure!(args.parallel >= 1, "--parallel must be at least 1");
-    let url = format!(
-        "{}/channels/{}/changes",
-        args.hub.trim_end_matches('/'),
-        args.channel
+    let hub = url::Url::parse(&args.hub).with_context(|| format!("--hub {:?}", args.hub))?;
+    anyhow::ensure!(
+        matches!(hub.scheme(), "http" | "https"),
+        "--hub {:?} must be an http or https URL",
+        args.hub
     );
+    Ok(())
+}
+
+/// Files or stdin: read and cut everything, then send, `--parallel` at a time.
+async fn publish_files(
+    args: &PublishArgs,
+    client: &reqwest::Client,
+    url: &str,
+) -> Result<(), PublishError> {
+    let chunks = read_inputs(args).map_err(PublishError::Input)?;
+    let progress = Progress::new(chunks.iter().map(|c| c.changes).sum());
+    let seqs: Vec<(u64, u64)> = stream::iter(chunks)
+        .map(|chunk| {
+            let progress = &progress;
+            async move {
+                let answer = send(client, url, args, &chunk, progress).await?;
+                progress.accepted(chunk.changes, answer);
+                Ok::<_, PublishError>(answer)
+            }
+        })
+        .buffered(args.parallel)
+        .try_collect()
+        .await?;
+    progress.finish(&seqs);
+    Ok(())
+}
+
+/// A folder: compare it with the state, send what changed in order, and record each request
+/// in the state once the hub has accepted it.
+async fn publish_scan(
+    args: &PublishArgs,
+    client: &reqwest::Client,
+    url: &str,
+    dir: &Path,
+) -> Result<(), PublishError> {
+    let input = PublishError::Input;
+    let (Some(base), Some(state_path)) = (&args.base_url, &args.state) else {
+        return Err(input(anyhow::anyhow!(
+            "--scan needs --base-url and --state"
+        )));
+    };
+    let base = scan::parse_base(base).map_err(input)?;
+    let mut state = scan::load_state(state_path, &args.channel, &base).map_err(input)?;
+    let found = {
+        let (dir, base, state, skip) = (
+            dir.to_path_buf(),
+            base.clone(),
+            state.clone(),
+            state_path.clone(),
+        );
+        tokio::task::spawn_blocking(move || scan::scan(&dir, &base, &state, Some(&skip)))
+            .await
+            .map_err(|e| input(e.into()))?
+            .map_err(input)?
+    };
+    eprintln!(
+        "scanned {}: {} files, {} changes since the last scan",
+        dir.display(),
+        found.files,
+        found.pending.len()
+    );
+    for (path, record) in &found.touched {
+        state.files.insert(path.clone(), record.clone());
+    }
+    if found.pending.is_empty() {
+        if !found.touched.is_empty() {
+            scan::save_state(state_path, &state).map_err(input)?;
+        }
+        eprintln!("done: nothing to publish");
+        return Ok(());
+    }
+    let lines: Vec<&[u8]> = found.pending.iter().map(|p| p.line.as_slice()).collect();
+    let ranges = split(args, &dir.display().to_string(), &lines).map_err(input)?;
+    let progress = Progress::new(found.pending.len());
+    let mut seqs = Vec::new();
+    for range in ranges {
+        let body = ndjson(&lines[range.clone()]);
+        let chunk = Chunk {
+            key: scan::chain_key(&args.channel, &state.chain, &body),
+            body,
+            content_type: "application/x-ndjson",
+            changes: range.len(),
+        };
+        let answer = send(client, url, args, &chunk, &progress).await?;
+        scan::record(&mut state, &found.pending[range], &chunk.key);
+        scan::save_state(state_path, &state).map_err(input)?;
+        progress.accepted(chunk.changes, answer);
+        seqs.push(answer);
+    }
+    progress.finish(&seqs);
+    Ok(())
+}
+
+/// Every input (files in order, or stdin), cut into chunks.
+fn read_inputs(args: &PublishArgs) -> anyhow::Result<Vec<Chunk>> {
     let mut chunks = Vec::new();
     if args.files.is_empty() {
         let mut input = Vec::new();
@@ -96,7 +339,7 @@ pub async fn run(args: PublishArgs) -> anyhow::Result<()> {
             .read_to_end(&mut input)
             .context("reading stdin")?;
         let format = args.format.unwrap_or(InputFormat::Ndjson);
-        cut(&args, "-", format, &input, &mut chunks)?;
+        cut(args, "-", format, &input, &mut chunks)?;
     } else {
         for file in &args.files {
             let input =
@@ -106,7 +349,7 @@ pub async fn run(args: PublishArgs) -> anyhow::Result<()> {
                 None => format_of(file)?,
             };
             cut(
-                &args,
+                args,
                 &file.display().to_string(),
                 format,
                 &input,
@@ -114,43 +357,7 @@ pub async fn run(args: PublishArgs) -> anyhow::Result<()> {
             )?;
         }
     }
-    let total: usize = chunks.iter().map(|c| c.changes).sum();
-    let client = http_client(Duration::from_secs(60))?;
-    let started = Instant::now();
-    let done = Arc::new(AtomicU64::new(0));
-    let seqs: Vec<(u64, u64)> = stream::iter(chunks)
-        .map(|chunk| {
-            let (client, url, args, done) = (&client, &url, &args, done.clone());
-            async move {
-                let answer = send(client, url, args, &chunk).await?;
-                let sent =
-                    done.fetch_add(chunk.changes as u64, Ordering::Relaxed) + chunk.changes as u64;
-                let secs = started.elapsed().as_secs_f64().max(0.001);
-                eprintln!(
-                    "published {sent}/{total} changes ({:.0}/s); seqs {}..{}",
-                    sent as f64 / secs,
-                    answer.0,
-                    answer.1
-                );
-                Ok::<_, anyhow::Error>(answer)
-            }
-        })
-        .buffered(args.parallel)
-        .try_collect()
-        .await?;
-    let first = seqs
-        .iter()
-        .map(|s| s.0)
-        .filter(|&s| s > 0)
-        .min()
-        .unwrap_or(0);
-    let last = seqs.iter().map(|s| s.1).max().unwrap_or(0);
-    eprintln!(
-        "done: {total} changes accepted in {} requests, seqs {first}..{last}, {:.1} s",
-        seqs.len(),
-        started.elapsed().as_secs_f64()
-    );
-    Ok(())
+    Ok(chunks)
 }
 
 fn format_of(file: &std::path::Path) -> anyhow::Result<InputFormat> {
@@ -222,36 +429,51 @@ fn cut(
                 .collect::<anyhow::Result<_>>()?
         }
     };
-    let mut body = Vec::new();
-    let mut count = 0;
+    let refs: Vec<&[u8]> = lines.iter().map(Vec::as_slice).collect();
+    for range in split(args, name, &refs)? {
+        let body = ndjson(&refs[range.clone()]);
+        let key = key(&args.channel, chunks.len(), &body);
+        chunks.push(Chunk {
+            body,
+            content_type: "application/x-ndjson",
+            changes: range.len(),
+            key,
+        });
+    }
+    Ok(())
+}
+
+/// Cuts `lines` into runs of at most `--batch` lines and `--max-request-bytes` bytes (each
+/// line with its newline).
+fn split(args: &PublishArgs, name: &str, lines: &[&[u8]]) -> anyhow::Result<Vec<Range<usize>>> {
+    let mut ranges = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
     for (i, line) in lines.iter().enumerate() {
         anyhow::ensure!(
             line.len() < args.max_request_bytes,
             "{name}: change {i} alone is larger than --max-request-bytes ({})",
             args.max_request_bytes
         );
-        if count == args.batch || body.len() + line.len() + 1 > args.max_request_bytes {
-            push_chunk(args, chunks, std::mem::take(&mut body), count);
-            count = 0;
+        if i - start == args.batch || bytes + line.len() + 1 > args.max_request_bytes {
+            ranges.push(start..i);
+            (start, bytes) = (i, 0);
         }
-        body.extend_from_slice(line);
-        body.push(b'\n');
-        count += 1;
+        bytes += line.len() + 1;
     }
-    if count > 0 {
-        push_chunk(args, chunks, body, count);
+    if start < lines.len() {
+        ranges.push(start..lines.len());
     }
-    Ok(())
+    Ok(ranges)
 }
 
-fn push_chunk(args: &PublishArgs, chunks: &mut Vec<Chunk>, body: Vec<u8>, changes: usize) {
-    let key = key(&args.channel, chunks.len(), &body);
-    chunks.push(Chunk {
-        body,
-        content_type: "application/x-ndjson",
-        changes,
-        key,
-    });
+/// Lines as one NDJSON body.
+fn ndjson(lines: &[&[u8]]) -> Vec<u8> {
+    let mut body = Vec::with_capacity(lines.iter().map(|l| l.len() + 1).sum());
+    for line in lines {
+        body.extend_from_slice(line);
+        body.push(b'\n');
+    }
+    body
 }
 
 /// The idempotency key of chunk `index` with `body`: the same input gives the same keys.
@@ -272,7 +494,8 @@ async fn send(
     url: &str,
     args: &PublishArgs,
     chunk: &Chunk,
-) -> anyhow::Result<(u64, u64)> {
+    progress: &Progress,
+) -> Result<(u64, u64), PublishError> {
     let deadline = Instant::now() + args.retry_for;
     let mut backoff = Reconnect::new(Duration::from_millis(200), Duration::from_secs(10));
     loop {
@@ -286,10 +509,11 @@ async fn send(
             .await
         {
             Ok(resp) if resp.status().is_success() => {
-                let answer: serde_json::Value = resp
-                    .json()
-                    .await
-                    .context("the hub's answer is not the expected JSON")?;
+                let answer: serde_json::Value = resp.json().await.map_err(|e| {
+                    PublishError::Refused(anyhow::anyhow!(
+                        "{url}: the hub's answer is not the expected JSON: {e}"
+                    ))
+                })?;
                 return Ok((
                     answer["first"].as_u64().unwrap_or(0),
                     answer["last"].as_u64().unwrap_or(0),
@@ -307,20 +531,26 @@ async fn send(
                     } else {
                         ""
                     };
-                    bail!("{url} refused a request: {status}: {}{hint}", reason.trim());
+                    return Err(PublishError::Refused(anyhow::anyhow!(
+                        "{url} refused a request: {status}: {}{hint}",
+                        reason.trim()
+                    )));
                 }
                 format!("{status}: {}", reason.trim())
             }
-            Err(e) => format!("{e}"),
+            Err(e) => format!("{:#}", anyhow::Error::from(e)),
         };
         if Instant::now() >= deadline {
-            bail!(
+            return Err(PublishError::Unreachable(anyhow::anyhow!(
                 "{url}: giving up after retrying for {:?}: {why}",
                 args.retry_for
-            );
+            )));
         }
-        let delay = backoff.delay();
-        eprintln!("retrying in {delay:?}: {why}");
+        let delay = Duration::from_millis(backoff.delay().as_millis() as u64);
+        progress.note(&format!(
+            "retrying in {}: {why}",
+            humantime::format_duration(delay)
+        ));
         tokio::time::sleep(delay).await;
     }
 }
@@ -339,6 +569,9 @@ mod tests {
             max_request_bytes: max,
             parallel: 1,
             retry_for: Duration::from_secs(1),
+            scan: None,
+            base_url: None,
+            state: None,
             files: vec![],
         }
     }
