@@ -13,6 +13,7 @@ mod channels;
 mod cluster;
 mod conformance;
 mod crash;
+mod disk_full;
 mod end_to_end;
 mod external;
 mod golden;
