@@ -41,7 +41,10 @@ impl Tmpfs {
 impl Drop for Tmpfs {
     fn drop(&mut self) {
         // Lazy: a hub that a failed assertion left running still has files open on it.
-        let _ = Command::new("umount").arg("-l").arg(self.dir.path()).status();
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
     }
 }
 
@@ -123,8 +126,14 @@ async fn a_full_disk_is_507_until_space_returns_and_nothing_acknowledged_is_lost
     }
     let (code, json) = refusal.expect("a write refused once the disk is full");
     assert_eq!(code, StatusCode::INSUFFICIENT_STORAGE, "{json}");
-    assert!(json["error"].as_str().unwrap().contains("disk is full"), "{json}");
-    assert_eq!(status(&hub, "/readyz").await, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        json["error"].as_str().unwrap().contains("disk is full"),
+        "{json}"
+    );
+    assert_eq!(
+        status(&hub, "/readyz").await,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
     assert_eq!(status(&hub, "/healthz").await, StatusCode::OK);
     for i in 0..20 {
         let (code, json) = hub.push_json(batch(&format!("still{i}"))).await;
@@ -139,7 +148,11 @@ async fn a_full_disk_is_507_until_space_returns_and_nothing_acknowledged_is_lost
     .await;
     let (code, json) = hub.push_json(batch("after")).await;
     assert_eq!(code, StatusCode::ACCEPTED, "{json}");
-    assert_eq!(json["first"], acked + 1, "refused writes took no seq: {json}");
+    assert_eq!(
+        json["first"],
+        acked + 1,
+        "refused writes took no seq: {json}"
+    );
     acked += 50;
 
     // Every acknowledged change is there, and nothing else.
