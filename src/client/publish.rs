@@ -280,6 +280,7 @@ async fn publish_scan(
     };
     let base = scan::parse_base(base).map_err(input)?;
     let mut state = scan::load_state(state_path, &args.channel, &base).map_err(input)?;
+    scan::check_writable(state_path).map_err(input)?;
     let found = {
         let (dir, base, state, skip) = (
             dir.to_path_buf(),

@@ -169,6 +169,38 @@ pub fn load_state(path: &Path, channel: &str, base: &Url) -> anyhow::Result<Stat
 /// Writes the state atomically: a hidden temporary file beside it, fsync, rename over it,
 /// fsync of the folder. A crash leaves either the old state or the new one.
 pub fn save_state(path: &Path, state: &State) -> anyhow::Result<()> {
+    let (folder, tmp) = temporary(path)?;
+    let write = || -> std::io::Result<()> {
+        let mut bytes = serde_json::to_vec(state)?;
+        bytes.push(b'\n');
+        let mut file = std::fs::File::create(&tmp)?;
+        file.write_all(&bytes)?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        std::fs::File::open(&folder)?.sync_all()
+    };
+    write().with_context(|| format!("writing the state file {}", path.display()))
+}
+
+/// Fails unless the state file can be written: checked before anything is published, so
+/// that a bad `--state` does not publish changes it cannot record.
+pub fn check_writable(path: &Path) -> anyhow::Result<()> {
+    let (folder, tmp) = temporary(path)?;
+    let check = || -> std::io::Result<()> {
+        std::fs::File::create(&tmp)?;
+        std::fs::remove_file(&tmp)
+    };
+    check().with_context(|| {
+        format!(
+            "--state {}: cannot write in {}",
+            path.display(),
+            folder.display()
+        )
+    })
+}
+
+/// The folder of the state file and the temporary file beside it.
+fn temporary(path: &Path) -> anyhow::Result<(PathBuf, PathBuf)> {
     let name = path
         .file_name()
         .and_then(|n| n.to_str())
@@ -178,15 +210,7 @@ pub fn save_state(path: &Path, state: &State) -> anyhow::Result<()> {
         _ => PathBuf::from("."),
     };
     let tmp = folder.join(format!(".{name}.tmp"));
-    let write = || -> std::io::Result<()> {
-        let mut file = std::fs::File::create(&tmp)?;
-        serde_json::to_writer(&mut file, state)?;
-        file.write_all(b"\n")?;
-        file.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        std::fs::File::open(&folder)?.sync_all()
-    };
-    write().with_context(|| format!("writing the state file {}", path.display()))
+    Ok((folder, tmp))
 }
 
 /// Compares `dir` with `state`. `skip` is a path never to publish (the state file).
