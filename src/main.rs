@@ -4,7 +4,7 @@
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
-use changehub::client::{healthcheck, publish, tail};
+use changehub::client::{healthcheck, publish, subscribe, tail};
 use changehub::logging::{self, LogFormat};
 
 #[derive(Parser)]
@@ -44,6 +44,10 @@ enum Command {
     /// stdin, split into requests, each with an Idempotency-Key, retried until accepted; or,
     /// with --scan DIR, what changed in a folder since the last scan.
     Publish(publish::PublishArgs),
+    /// Follow a topic as a destination: WebSub callbacks (or --via ws), signatures checked,
+    /// gaps filled from the hub's log, a crash-safe cursor in --state; prints each change as a
+    /// JSON line, or keeps a mirror of the resources with --mirror DIR (--audit checks it).
+    Subscribe(subscribe::SubscribeArgs),
 }
 
 #[tokio::main]
@@ -55,6 +59,7 @@ async fn main() -> std::process::ExitCode {
         Command::Healthcheck(args) => healthcheck::run(args).await,
         Command::Tail(args) => tail::run(args, shutdown_signal()).await,
         Command::Publish(args) => publish::run(args).await.map_err(Into::into),
+        Command::Subscribe(args) => subscribe::run(args, shutdown_signal()).await,
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -6,13 +6,20 @@
 //! - [`publish`]: `changehub publish`, pushes changes from files or stdin, split into
 //!   requests with idempotency keys, retried until accepted; [`scan`] makes a folder a
 //!   source (`publish --scan DIR`: what changed since the last scan, and the state file).
+//! - [`subscribe`]: `changehub subscribe`, a destination: follows a topic over WebSub
+//!   callbacks or the websocket, fills gaps from the hub's log, keeps a crash-safe cursor,
+//!   prints changes as NDJSON or keeps a mirror of the resources (and audits it).
+//! - [`hash`]: the ResourceSync `hash` of a resource's bytes, computed and checked.
 //! - [`healthcheck`]: `changehub healthcheck`, exit status from the hub's `/readyz`.
 //!
 //! Nothing here is used by the server, and nothing here uses the server's modules beyond the
-//! shared model ([`crate::model`]) and retry helper ([`crate::retry`]).
+//! shared model ([`crate::model`]), the retry helper ([`crate::retry`]), the ResourceSync
+//! documents ([`crate::resourcesync`]) and HTTP as a protocol ([`crate::net`]).
 
 pub mod conn;
+pub mod hash;
 pub mod healthcheck;
 pub mod publish;
 pub mod scan;
+pub mod subscribe;
 pub mod tail;

@@ -25,5 +25,6 @@ mod publish;
 mod reference_client;
 mod resources;
 mod shutdown;
+mod subscribe;
 mod topics;
 mod websub;

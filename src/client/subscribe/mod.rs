@@ -135,6 +135,16 @@ pub async fn run(
         args.mirror.is_some() || (!args.audit && args.base_url.is_none()),
         "--audit and --base-url go with --mirror DIR"
     );
+    // What the command line alone decides, before anything is read or written.
+    let callback_url = match (&args.via, &args.listen, &args.callback_url) {
+        _ if args.audit => None,
+        (Via::Ws, _, _) => None,
+        (Via::Callback, None, _) => {
+            bail!("--listen ADDR is needed for callbacks (or follow with --via ws)")
+        }
+        (Via::Callback, Some(_), Some(url)) => Some(url.clone()),
+        (Via::Callback, Some(listen), None) => Some(default_callback_url(listen)?),
+    };
     let client = super::conn::http_client(Duration::from_secs(60))?;
     let reader = HubReader::discover(client.clone(), &args.topic, args.token.clone()).await?;
     let mirror = match &args.mirror {
@@ -178,43 +188,33 @@ pub async fn run(
     };
 
     let mut subscription = None;
-    match args.via {
-        Via::Callback => {
-            let Some(listen) = &args.listen else {
-                bail!("--listen ADDR is needed for callbacks (or follow with --via ws)");
-            };
-            let callback_url = match &args.callback_url {
-                Some(url) => url.clone(),
-                None => default_callback_url(listen)?,
-            };
-            // The same secret and callback across restarts: the hub's retries of deliveries
-            // signed before a crash still verify, and the subscription is renewed, not doubled.
-            let secret = match (&follower.state.secret, &follower.state.callback) {
-                (Some(secret), Some(cb)) if *cb == callback_url => secret.clone(),
-                _ => random_secret(),
-            };
-            follower.state.secret = Some(secret.clone());
-            follower.state.callback = Some(callback_url.clone());
-            follower.save()?;
-            let mut sub = callback::Subscription::start(
-                listen,
-                &callback_url,
-                &reader.topic,
-                &secret,
-                args.lease,
-                client.clone(),
-                events_tx.clone(),
-            )
-            .await?;
-            let lease = sub.subscribe().await?;
-            eprintln!(
-                "subscribed at {callback_url} (listening on {}) for {}",
-                sub.address,
-                humantime::format_duration(lease)
-            );
-            subscription = Some((sub, lease));
-        }
-        Via::Ws => {}
+    if let (Some(listen), Some(callback_url)) = (&args.listen, callback_url) {
+        // The same secret and callback across restarts: the hub's retries of deliveries
+        // signed before a crash still verify, and the subscription is renewed, not doubled.
+        let secret = match (&follower.state.secret, &follower.state.callback) {
+            (Some(secret), Some(cb)) if *cb == callback_url => secret.clone(),
+            _ => random_secret(),
+        };
+        follower.state.secret = Some(secret.clone());
+        follower.state.callback = Some(callback_url.clone());
+        follower.save()?;
+        let mut sub = callback::Subscription::start(
+            listen,
+            &callback_url,
+            &reader.topic,
+            &secret,
+            args.lease,
+            client.clone(),
+            events_tx.clone(),
+        )
+        .await?;
+        let lease = sub.subscribe().await?;
+        eprintln!(
+            "subscribed at {callback_url} (listening on {}) for {}",
+            sub.address,
+            humantime::format_duration(lease)
+        );
+        subscription = Some((sub, lease));
     }
 
     let stopped = async {

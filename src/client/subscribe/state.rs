@@ -128,10 +128,15 @@ pub fn temp_path(path: &Path) -> PathBuf {
 }
 
 /// Writes `bytes` to a temporary file beside `path`, syncs it, renames it to `path` and syncs
-/// the folder: readers and crashes see the old file or the new one.
+/// the folder: readers and crashes see the old file or the new one. Only the owner may read
+/// it (it holds the subscription's secret).
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let temp = temp_path(path);
-    let mut file = std::fs::File::create(&temp)?;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut file = options.open(&temp)?;
     file.write_all(bytes)?;
     file.sync_all()?;
     drop(file);

@@ -1,0 +1,788 @@
+//! `changehub subscribe`, the real binary, against a real hub process and a real file server.
+//!
+//! The mirror test: a folder of 500 resources served over HTTP is the source; `changehub
+//! publish` (from `--scan`, and from hand-written NDJSON) pushes its creates, updates and
+//! deletes; `changehub subscribe --mirror` is SIGKILLed and restarted twice, the hub is
+//! SIGKILLed and restarted once, and one resource is served with the wrong bytes for a while.
+//! At the end the mirror equals the source byte for byte and `--audit` exits 0 — once over
+//! WebSub callbacks, once over the websocket. Then: bad input to `subscribe` ends with a clear
+//! message and a non-zero exit, and forged deliveries are never applied.
+
+use crate::common::*;
+use axum::extract::{Path as UrlPath, State};
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The source's file server: DIR under `/files/`, with some paths answered with other bytes.
+#[derive(Clone)]
+struct FileServer {
+    dir: PathBuf,
+    wrong: Arc<Mutex<HashMap<String, Vec<u8>>>>,
+}
+
+async fn serve_file(
+    State(server): State<FileServer>,
+    UrlPath(path): UrlPath<String>,
+) -> axum::response::Response {
+    if let Some(bytes) = server.wrong.lock().unwrap().get(&path) {
+        return bytes.clone().into_response();
+    }
+    if path.split('/').any(|s| s == ".." || s.is_empty()) {
+        return StatusCode::BAD_REQUEST.into_response();
+    }
+    match std::fs::read(server.dir.join(&path)) {
+        Ok(bytes) => bytes.into_response(),
+        Err(_) => StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
+impl FileServer {
+    /// Serves `dir`; returns the server and its base URL (`http://127.0.0.1:P/files/`).
+    async fn start(dir: &Path) -> (FileServer, String, tokio::sync::oneshot::Sender<()>) {
+        let server = FileServer {
+            dir: dir.to_path_buf(),
+            wrong: Arc::default(),
+        };
+        let app = Router::new()
+            .route("/files/{*path}", get(serve_file))
+            .with_state(server.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}/files/", listener.local_addr().unwrap());
+        let stop = serve_until_stopped(listener, app);
+        (server, base, stop)
+    }
+}
+
+/// Every file under `dir` (relative path → bytes), hidden ones left out.
+fn tree(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    let mut files = BTreeMap::new();
+    let mut folders = vec![dir.to_path_buf()];
+    while let Some(folder) = folders.pop() {
+        let Ok(entries) = std::fs::read_dir(&folder) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if entry.file_name().to_string_lossy().starts_with('.') {
+                continue;
+            }
+            if path.is_dir() {
+                folders.push(path);
+            } else if let Ok(bytes) = std::fs::read(&path) {
+                let rel = path.strip_prefix(dir).unwrap().display().to_string();
+                files.insert(rel, bytes);
+            }
+        }
+    }
+    files
+}
+
+fn content(i: usize, version: usize) -> Vec<u8> {
+    format!("resource {i}, version {version}\n")
+        .repeat(1 + (i * 7 + version) % 40)
+        .into_bytes()
+}
+
+fn write(dir: &Path, rel: &str, bytes: &[u8]) {
+    let path = dir.join(rel);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, bytes).unwrap();
+}
+
+fn rel(i: usize) -> String {
+    format!("d{}/r {i}.txt", i % 10)
+}
+
+fn changehub(args: &[&str]) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_changehub"));
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    for (var, _) in std::env::vars() {
+        if var.starts_with("CHANGEHUB_") {
+            cmd.env_remove(var);
+        }
+    }
+    cmd
+}
+
+/// Runs a command to its end (within 120 s): (exit code, stdout, stderr).
+async fn run(args: &[&str]) -> (i32, String, String) {
+    let out = tokio::time::timeout(Duration::from_secs(120), changehub(args).output())
+        .await
+        .unwrap_or_else(|_| panic!("changehub {args:?} did not end"))
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+async fn publish_ok(args: &[&str]) {
+    let mut all = vec!["publish"];
+    all.extend_from_slice(args);
+    let (code, _, err) = run(&all).await;
+    assert_eq!(code, 0, "changehub {all:?}: {err}");
+}
+
+/// One run of `changehub subscribe --mirror`, its stderr in a file.
+struct Subscriber {
+    child: tokio::process::Child,
+    log: PathBuf,
+}
+
+impl Subscriber {
+    fn start(args: &[String], log: &Path) -> Subscriber {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .unwrap();
+        let mut cmd = changehub(&["subscribe"]);
+        cmd.args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(file));
+        Subscriber {
+            child: cmd.spawn().unwrap(),
+            log: log.to_path_buf(),
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    async fn kill9(mut self) {
+        self.child.kill().await.unwrap();
+    }
+}
+
+async fn wait_equal(src: &Path, mirror: &Path, what: &str, deadline: Duration) {
+    let end = tokio::time::Instant::now() + deadline;
+    loop {
+        let (a, b) = (tree(src), tree(mirror));
+        if a == b {
+            return;
+        }
+        if tokio::time::Instant::now() >= end {
+            let missing: Vec<_> = a.keys().filter(|k| !b.contains_key(*k)).take(5).collect();
+            let extra: Vec<_> = b.keys().filter(|k| !a.contains_key(*k)).take(5).collect();
+            let differ: Vec<_> = a
+                .iter()
+                .filter(|(k, v)| b.get(*k).is_some_and(|w| w != *v))
+                .map(|(k, _)| k)
+                .take(5)
+                .collect();
+            panic!(
+                "timed out after {deadline:?} waiting for {what}: {} vs {} files; missing {missing:?}, extra {extra:?}, differ {differ:?}",
+                a.len(),
+                b.len()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Hand-written changes of the files `updated` (with their new hash and length) and
+/// `deleted`, as NDJSON.
+fn ndjson(base: &str, src: &Path, updated: &[usize], deleted: &[usize]) -> String {
+    let loc = |i: usize| format!("{base}{}", rel(i).replace(' ', "%20"));
+    let mut lines = String::new();
+    for &i in updated {
+        let bytes = std::fs::read(src.join(rel(i))).unwrap();
+        lines.push_str(
+            &serde_json::json!({
+                "loc": loc(i),
+                "change": "updated",
+                "hash": changehub::client::hash::of(&bytes),
+                "length": bytes.len(),
+            })
+            .to_string(),
+        );
+        lines.push('\n');
+    }
+    for &i in deleted {
+        lines.push_str(&serde_json::json!({"loc": loc(i), "change": "deleted"}).to_string());
+        lines.push('\n');
+    }
+    lines
+}
+
+async fn mirror_follows_the_source(via_ws: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, mirror) = (dir.path().join("src"), dir.path().join("mirror"));
+    let data = dir.path().join("data");
+    let data_arg = data.display().to_string();
+    let scan_state = dir.path().join("scan.json").display().to_string();
+    let changes_file = dir.path().join("changes.ndjson");
+    let log = dir.path().join("subscriber.log");
+    let (files, base, _stop) = FileServer::start(&src).await;
+    let port = free_port();
+    let mut hub = HubProcess::start_on(port, &["--data-dir", &data_arg]).await;
+    let topic = format!("{}/channels/{CHANNEL}/changelist.xml", hub.url);
+    let src_arg = src.display().to_string();
+    let scan = [
+        "--hub",
+        &hub.url,
+        "--channel",
+        CHANNEL,
+        "--token",
+        TOKEN,
+        "--scan",
+        &src_arg,
+        "--base-url",
+        &base,
+        "--state",
+        &scan_state,
+    ]
+    .map(String::from);
+    let scan: Vec<&str> = scan.iter().map(String::as_str).collect();
+
+    // 250 resources before the subscriber starts: its baseline, from the Resource List.
+    for i in 0..250 {
+        write(&src, &rel(i), &content(i, 0));
+    }
+    publish_ok(&scan).await;
+    let mut args: Vec<String> = [
+        topic.as_str(),
+        "--state",
+        &dir.path().join("subscriber.json").display().to_string(),
+        "--mirror",
+        &mirror.display().to_string(),
+        "--base-url",
+        &base,
+        "--retry-every",
+        "300ms",
+        "--poll",
+        "1s",
+        "--quiet",
+    ]
+    .map(String::from)
+    .to_vec();
+    if via_ws {
+        args.extend(["--via".into(), "ws".into()]);
+    } else {
+        args.extend(["--listen".into(), format!("127.0.0.1:{}", free_port())]);
+    }
+    let subscriber = Subscriber::start(&args, &log);
+    wait_equal(&src, &mirror, "the baseline", Duration::from_secs(60)).await;
+
+    // 250 more created, from a scan, while the subscriber is killed and restarted.
+    for i in 250..500 {
+        write(&src, &rel(i), &content(i, 0));
+    }
+    let publishing = tokio::spawn({
+        let scan: Vec<String> = scan.iter().map(|s| s.to_string()).collect();
+        async move {
+            let scan: Vec<&str> = scan.iter().map(String::as_str).collect();
+            publish_ok(&scan).await
+        }
+    });
+    wait_until(
+        "some of the new resources mirrored",
+        Duration::from_secs(60),
+        || async { tree(&mirror).len() > 250 },
+    )
+    .await;
+    subscriber.kill9().await;
+    publishing.await.unwrap();
+    let subscriber = Subscriber::start(&args, &log);
+    wait_equal(&src, &mirror, "500 resources", Duration::from_secs(60)).await;
+
+    // The hub restarts; updates and deletes by hand-written NDJSON, one resource served
+    // wrong for a while.
+    hub.kill9();
+    hub = HubProcess::start_on(port, &["--data-dir", &data_arg]).await;
+    let deleted: Vec<usize> = (4..500).step_by(25).collect();
+    let updated: Vec<usize> = (0..500)
+        .step_by(9)
+        .filter(|i| !deleted.contains(i))
+        .collect();
+    for &i in &updated {
+        write(&src, &rel(i), &content(i, 1));
+    }
+    for &i in &deleted {
+        std::fs::remove_file(src.join(rel(i))).unwrap();
+    }
+    // Bytes of the right length, but not those the hash was made of.
+    let corrupted = rel(9);
+    let mut wrong = content(9, 1);
+    wrong[0] ^= 1;
+    files
+        .wrong
+        .lock()
+        .unwrap()
+        .insert(corrupted.clone(), wrong.clone());
+    std::fs::write(&changes_file, ndjson(&base, &src, &updated, &deleted)).unwrap();
+    let changes_arg = changes_file.display().to_string();
+    publish_ok(&[
+        "--hub",
+        &hub.url,
+        "--channel",
+        CHANNEL,
+        "--token",
+        TOKEN,
+        &changes_arg,
+    ])
+    .await;
+    wait_until(
+        "the wrong resource is pending",
+        Duration::from_secs(60),
+        || async { subscriber.log().contains("r%209.txt (seq") },
+    )
+    .await;
+    assert!(subscriber
+        .log()
+        .contains("r%209.txt (seq 502) is pending: hash: md5 is"));
+    assert_ne!(
+        std::fs::read(mirror.join(&corrupted)).unwrap(),
+        wrong,
+        "a resource whose hash does not match was written"
+    );
+    subscriber.kill9().await;
+    let subscriber = Subscriber::start(&args, &log);
+    tokio::time::sleep(Duration::from_millis(500)).await; // let it be wrong for a while longer
+    files.wrong.lock().unwrap().clear();
+
+    // More changes from a scan: new files, changed files, removed files.
+    for i in 500..520 {
+        write(&src, &rel(i), &content(i, 0));
+    }
+    for i in (1..500).step_by(31) {
+        let path = src.join(rel(i));
+        if path.exists() {
+            write(&src, &rel(i), &content(i, 2));
+        }
+    }
+    for i in (2..500).step_by(47) {
+        let _ = std::fs::remove_file(src.join(rel(i)));
+    }
+    publish_ok(&scan).await;
+    wait_equal(
+        &src,
+        &mirror,
+        "the mirror equals the source",
+        Duration::from_secs(90),
+    )
+    .await;
+
+    let state_arg = dir.path().join("subscriber.json").display().to_string();
+    let mirror_arg = mirror.display().to_string();
+    let (code, out, err) = run(&[
+        "subscribe",
+        &topic,
+        "--state",
+        &state_arg,
+        "--mirror",
+        &mirror_arg,
+        "--base-url",
+        &base,
+        "--audit",
+    ])
+    .await;
+    assert_eq!(code, 0, "audit: {out}{err}");
+    assert!(err.contains("0 difference"), "{err}");
+    // The audit notices a file that changed behind the mirror's back.
+    std::fs::write(mirror.join(rel(1)), b"tampered").unwrap();
+    let (code, out, _) = run(&[
+        "subscribe",
+        &topic,
+        "--state",
+        &state_arg,
+        "--mirror",
+        &mirror_arg,
+        "--base-url",
+        &base,
+        "--audit",
+    ])
+    .await;
+    assert_eq!(code, 1, "{out}");
+    assert!(out.starts_with("differs\td1/r 1.txt"), "{out}");
+    subscriber.kill9().await;
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(log.contains("baseline: 250 resources"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mirror_over_callbacks_equals_its_source_through_kills_and_restarts() {
+    mirror_follows_the_source(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mirror_over_the_websocket_equals_its_source_through_kills_and_restarts() {
+    mirror_follows_the_source(true).await;
+}
+
+/// Stands between the hub and a subscriber's callback server: passes verifications and
+/// deliveries on, or, while `lose` is set, acknowledges deliveries without passing them on
+/// (`lost`: the last seq of those).
+struct Relay {
+    url: String,
+    lose: Arc<AtomicBool>,
+    lost: Arc<AtomicUsize>,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+#[derive(Clone)]
+struct RelayState {
+    to: String,
+    lose: Arc<AtomicBool>,
+    lost: Arc<AtomicUsize>,
+    client: reqwest::Client,
+}
+
+async fn relay(
+    State(relay): State<RelayState>,
+    request: axum::extract::Request,
+) -> axum::response::Response {
+    let (parts, body) = request.into_parts();
+    let body = axum::body::to_bytes(body, 64 << 20).await.unwrap();
+    let target = format!(
+        "{}{}",
+        relay.to,
+        parts.uri.path_and_query().map_or("/", |p| p.as_str())
+    );
+    if parts.method == axum::http::Method::POST && relay.lose.load(Ordering::SeqCst) {
+        // Remember how far the lost deliveries went.
+        let last = parts
+            .headers
+            .get("x-changehub-last")
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+            .unwrap_or(0);
+        relay.lost.fetch_max(last, Ordering::SeqCst);
+        return StatusCode::ACCEPTED.into_response();
+    }
+    let mut forward = relay
+        .client
+        .request(parts.method.clone(), &target)
+        .body(body);
+    for (name, value) in &parts.headers {
+        if name != axum::http::header::HOST {
+            forward = forward.header(name, value);
+        }
+    }
+    match forward.send().await {
+        Ok(answer) => {
+            let status = answer.status();
+            (status, answer.bytes().await.unwrap_or_default()).into_response()
+        }
+        Err(_) => StatusCode::BAD_GATEWAY.into_response(),
+    }
+}
+
+impl Relay {
+    async fn start(to: &str) -> Relay {
+        let (lose, lost) = (Arc::<AtomicBool>::default(), Arc::<AtomicUsize>::default());
+        let state = RelayState {
+            to: to.to_string(),
+            lose: lose.clone(),
+            lost: lost.clone(),
+            client: reqwest::Client::new(),
+        };
+        let app = Router::new().fallback(relay).with_state(state);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        Relay {
+            url,
+            lose,
+            lost,
+            _stop: serve_until_stopped(listener, app),
+        }
+    }
+}
+
+/// A subscriber printing NDJSON: its stdout's changes collected as they come.
+struct Printer {
+    child: tokio::process::Child,
+    seqs: Arc<Mutex<Vec<u64>>>,
+    locs: Arc<Mutex<Vec<String>>>,
+    log: PathBuf,
+}
+
+impl Printer {
+    fn start(args: &[&str], log: &Path) -> Printer {
+        use tokio::io::AsyncBufReadExt;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .unwrap();
+        let mut cmd = changehub(&["subscribe"]);
+        cmd.args(args).stderr(Stdio::from(file));
+        let mut child = cmd.spawn().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let seqs = Arc::<Mutex<Vec<u64>>>::default();
+        let locs = Arc::<Mutex<Vec<String>>>::default();
+        let (s, l) = (Arc::clone(&seqs), Arc::clone(&locs));
+        tokio::spawn(async move {
+            let mut lines = tokio::io::BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                let change: serde_json::Value = serde_json::from_str(&line).unwrap();
+                s.lock().unwrap().push(change["seq"].as_u64().unwrap());
+                l.lock()
+                    .unwrap()
+                    .push(change["loc"].as_str().unwrap().to_string());
+            }
+        });
+        Printer {
+            child,
+            seqs,
+            locs,
+            log: log.to_path_buf(),
+        }
+    }
+
+    fn seqs(&self) -> Vec<u64> {
+        self.seqs.lock().unwrap().clone()
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    async fn wait_seq(&self, seq: u64) {
+        wait_until(
+            &format!("seq {seq} printed"),
+            Duration::from_secs(30),
+            || async { self.seqs().last().is_some_and(|&s| s >= seq) },
+        )
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_are_printed_once_in_order_through_gaps_forgeries_renewals_and_a_kill() {
+    let hub = TestHub::start(|c| c.lease_min = Duration::from_secs(1)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state.json");
+    let state_arg = state.display().to_string();
+    let log = dir.path().join("subscriber.log");
+    let listen = format!("127.0.0.1:{}", free_port());
+    let relay = Relay::start(&format!("http://{listen}")).await;
+    let callback = format!("{}/changehub-callback", relay.url);
+    let topic = hub.topic();
+    let args = [
+        topic.as_str(),
+        "--state",
+        &state_arg,
+        "--listen",
+        &listen,
+        "--callback-url",
+        &callback,
+        "--lease",
+        "2s",
+        "--poll",
+        "1h",
+    ];
+    hub.push("before", 10).await;
+    let mut printer = Printer::start(&args, &log);
+    // A new state file starts from everything the hub has.
+    printer.wait_seq(10).await;
+    hub.wait_subscribed(&callback).await;
+    hub.push("live", 10).await;
+    printer.wait_seq(20).await;
+
+    // Forged deliveries: unsigned, and signed with another secret. Answered 2xx, not applied.
+    let forged = {
+        let dt = time::OffsetDateTime::now_utc();
+        let change = changehub::model::Change::from_new(
+            21,
+            changehub::model::NewChange {
+                loc: "http://forged.example/x".into(),
+                change: changehub::model::ChangeType::Created,
+                datetime: Some(dt),
+                lastmod: None,
+                hash: None,
+                length: None,
+                media_type: None,
+                links: vec![],
+                source: None,
+            },
+            dt,
+        );
+        changehub::resourcesync::write_change_list(&Default::default(), &[change])
+    };
+    let direct = format!("http://{listen}/changehub-callback");
+    for signature in [
+        None,
+        Some(changehub::model::signature::signature(
+            changehub::model::Algorithm::Sha256,
+            b"not the secret",
+            &forged,
+        )),
+    ] {
+        let mut request = hub.client.post(&direct).body(forged.clone());
+        if let Some(signature) = signature {
+            request = request.header("x-hub-signature", signature);
+        }
+        assert!(request.send().await.unwrap().status().is_success());
+    }
+    wait_until(
+        "both forgeries refused",
+        Duration::from_secs(10),
+        || async {
+            let log = printer.log();
+            log.contains("refused a delivery with no signature")
+                && log.contains("refused a delivery with a wrong signature")
+        },
+    )
+    .await;
+    hub.push("after-forgery", 1).await;
+    printer.wait_seq(21).await;
+    assert!(
+        !printer
+            .locs
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains("forged")),
+        "a forged delivery was applied"
+    );
+
+    // Lost deliveries: the relay acknowledges 22..=26 without passing them on; the next
+    // notification shows the gap, which the subscriber fills from the archive.
+    relay.lose.store(true, Ordering::SeqCst);
+    hub.push("lost", 5).await;
+    hub.wait_published(26).await;
+    wait_until("the relay lost 22..26", Duration::from_secs(10), || async {
+        relay.lost.load(Ordering::SeqCst) == 26
+    })
+    .await;
+    relay.lose.store(false, Ordering::SeqCst);
+    hub.push("gap", 5).await;
+    printer.wait_seq(31).await;
+    assert!(
+        printer.log().contains("filled a gap: seqs 22..26"),
+        "{}",
+        printer.log()
+    );
+    assert_eq!(printer.seqs(), (1..=31).collect::<Vec<_>>());
+
+    // The lease of 2 s is renewed before it ends.
+    wait_until("the lease renewed", Duration::from_secs(10), || async {
+        printer.log().contains("subscription renewed")
+    })
+    .await;
+
+    // SIGKILL, more changes, a restart: it goes on right after the saved cursor.
+    printer.child.kill().await.unwrap();
+    let saved: serde_json::Value = serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap();
+    let cursor = saved["seq"].as_u64().unwrap();
+    assert_eq!(cursor, 31);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&state).unwrap().permissions().mode();
+        assert_eq!(mode & 0o077, 0, "the state file holds a secret: {mode:o}");
+    }
+    hub.push("while-down", 5).await;
+    let again = Printer::start(&args, &log);
+    again.wait_seq(36).await;
+    assert_eq!(again.seqs(), (32..=36).collect::<Vec<_>>());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_to_subscribe_ends_with_a_clear_message() {
+    let hub = TestHub::start(|c| {
+        if let Some(channel) = c.channels.get_mut(CHANNEL) {
+            channel.read_token = Some("reader".into());
+        }
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state.json").display().to_string();
+    let topic = hub.topic();
+    // A topic without a hub link.
+    let app = Router::new().route("/feed.xml", get(|| async { "<feed/>" }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let plain = format!("http://{}/feed.xml", listener.local_addr().unwrap());
+    let _stop = serve_until_stopped(listener, app);
+    let unreachable = format!(
+        "http://127.0.0.1:{}/channels/news/changelist.xml",
+        free_port()
+    );
+    let garbage = dir.path().join("garbage.json");
+    std::fs::write(&garbage, b"{not json").unwrap();
+    let garbage = garbage.display().to_string();
+    let a_file = dir.path().join("a-file");
+    std::fs::write(&a_file, b"").unwrap();
+    let under_a_file = a_file.join("mirror").display().to_string();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec![&unreachable, "--state", &state, "--listen", "127.0.0.1:9"],
+            "cannot read the topic",
+        ),
+        (
+            vec![&plain, "--state", &state, "--listen", "127.0.0.1:9"],
+            "names no hub",
+        ),
+        (
+            vec![&topic, "--state", &state, "--token", "wrong", "--via", "ws"],
+            "401",
+        ),
+        (
+            vec![
+                &topic, "--state", &garbage, "--token", "reader", "--via", "ws",
+            ],
+            "is not a state file",
+        ),
+        (
+            vec![
+                &topic,
+                "--state",
+                &state,
+                "--token",
+                "reader",
+                "--mirror",
+                &under_a_file,
+                "--via",
+                "ws",
+            ],
+            "cannot create the mirror folder",
+        ),
+        (
+            vec![&topic, "--state", &state, "--token", "reader"],
+            "--listen ADDR is needed",
+        ),
+        (
+            vec![
+                &topic,
+                "--state",
+                &state,
+                "--token",
+                "reader",
+                "--listen",
+                "0.0.0.0:9",
+            ],
+            "give --callback-url",
+        ),
+        (
+            vec![&topic, "--state", &state, "--token", "reader", "--audit"],
+            "go with --mirror",
+        ),
+    ];
+    for (args, expected) in cases {
+        let mut all = vec!["subscribe"];
+        all.extend(args.iter().copied());
+        let (code, _, err) = run(&all).await;
+        assert_eq!(code, 1, "{all:?}: {err}");
+        assert!(
+            err.contains(expected),
+            "{all:?}: expected {expected:?} in {err}"
+        );
+        assert!(err.starts_with("changehub: "), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    assert!(!dir.path().join("state.json").exists());
+}
