@@ -59,7 +59,9 @@ async fn main() -> std::process::ExitCode {
         Command::Healthcheck(args) => healthcheck::run(args).await,
         Command::Tail(args) => tail::run(args, shutdown_signal()).await,
         Command::Publish(args) => publish::run(args).await.map_err(Into::into),
-        Command::Subscribe(args) => subscribe::run(args, shutdown_signal()).await,
+        Command::Subscribe(args) => subscribe::run(args, shutdown_signal())
+            .await
+            .map_err(Into::into),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -67,9 +69,13 @@ async fn main() -> std::process::ExitCode {
             // One line: the error and its causes, without a backtrace.
             eprintln!("changehub: {e:#}");
             // A command with exit statuses of its own says which; anything else is 1.
-            let code = e
-                .downcast_ref::<publish::PublishError>()
-                .map_or(1, publish::PublishError::exit_code);
+            let code = if let Some(e) = e.downcast_ref::<publish::PublishError>() {
+                e.exit_code()
+            } else if let Some(e) = e.downcast_ref::<subscribe::SubscribeError>() {
+                e.exit_code()
+            } else {
+                1
+            };
             std::process::ExitCode::from(code)
         }
     }

@@ -17,7 +17,7 @@
 
 use anyhow::{bail, Context};
 use futures_util::stream::{self, StreamExt, TryStreamExt};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle};
 use sha2::{Digest, Sha256};
 use std::io::{IsTerminal, Read};
 use std::ops::Range;
@@ -147,9 +147,14 @@ impl Progress {
         let bar = (std::io::stderr().is_terminal() && total > 0).then(|| {
             let bar = ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::stderr());
             if let Ok(style) = ProgressStyle::with_template(
-                "{elapsed_precise} [{wide_bar}] {human_pos}/{human_len} changes, {per_sec}, ETA {eta} {msg}",
+                "{elapsed_precise} [{wide_bar}] {human_pos}/{human_len} changes, {rate}, ETA {eta} {msg}",
             ) {
-                bar.set_style(style.progress_chars("=> "));
+                bar.set_style(style.progress_chars("=> ").with_key(
+                    "rate",
+                    |state: &ProgressState, w: &mut dyn std::fmt::Write| {
+                        let _ = write!(w, "{:.0}/s", state.per_sec());
+                    },
+                ));
             }
             bar
         });
@@ -166,8 +171,8 @@ impl Progress {
         let sent = self.done.fetch_add(changes as u64, Ordering::Relaxed) + changes as u64;
         match &self.bar {
             Some(bar) => {
-                bar.inc(changes as u64);
                 bar.set_message(format!("seqs ..{last}"));
+                bar.inc(changes as u64);
             }
             None => {
                 let secs = self.started.elapsed().as_secs_f64().max(0.001);

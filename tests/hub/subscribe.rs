@@ -776,7 +776,7 @@ async fn bad_input_to_subscribe_ends_with_a_clear_message() {
         let mut all = vec!["subscribe"];
         all.extend(args.iter().copied());
         let (code, _, err) = run(&all).await;
-        assert_eq!(code, 1, "{all:?}: {err}");
+        assert_eq!(code, 2, "{all:?}: {err}");
         assert!(
             err.contains(expected),
             "{all:?}: expected {expected:?} in {err}"

@@ -143,6 +143,11 @@ impl HubReader {
         })
     }
 
+    /// The HTTP client it reads with.
+    pub fn client(&self) -> &reqwest::Client {
+        &self.client
+    }
+
     /// The changes after `after` (one page of at most [`PAGE`]); `epoch` asks the hub to
     /// check that the cursor is of its log.
     pub async fn changes_after(&self, after: u64, epoch: Option<&str>) -> Result<Page, ReadError> {

@@ -121,23 +121,74 @@ pub enum Event {
     Fatal(String),
 }
 
-/// The audit found differences (exit status 1, with the differences on stdout).
+/// How `changehub subscribe` failed; [`SubscribeError::exit_code`] is the process's exit
+/// status (as `diff`'s: 1 for differences, 2 for trouble).
 #[derive(Debug, thiserror::Error)]
-#[error("the mirror differs from the Resource List in {0} place(s)")]
-pub struct AuditFailed(pub usize);
+pub enum SubscribeError {
+    /// The audit found differences (listed on stdout): exit status 1.
+    #[error("the mirror differs from the Resource List in {0} place(s)")]
+    Differences(usize),
+    /// Anything else — bad flags or input, a topic that is not a changehub channel, the hub
+    /// unreachable or refusing, a state file or mirror folder that cannot be written: exit
+    /// status 2.
+    #[error("{0:#}")]
+    Failed(#[from] anyhow::Error),
+}
 
+impl SubscribeError {
+    /// The process's exit status for this failure.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            SubscribeError::Differences(_) => 1,
+            SubscribeError::Failed(_) => 2,
+        }
+    }
+}
+
+/// Follows the topic until `stop` completes (then it unsubscribes) or something cannot be
+/// recovered from; with `--audit`, compares the mirror once and returns.
 pub async fn run(
     args: SubscribeArgs,
     stop: impl std::future::Future<Output = ()>,
-) -> anyhow::Result<()> {
+) -> Result<(), SubscribeError> {
+    if args.audit {
+        let (reader, mirror) = open(&args).await?;
+        let Some(mirror) = mirror else {
+            return Err(anyhow::anyhow!("--audit needs --mirror DIR").into());
+        };
+        return audit(&reader, &mirror).await;
+    }
+    Ok(follow(args, stop).await?)
+}
+
+/// Discovers the topic and opens the mirror.
+async fn open(args: &SubscribeArgs) -> anyhow::Result<(HubReader, Option<Mirror>)> {
     anyhow::ensure!(args.concurrency >= 1, "--concurrency must be at least 1");
     anyhow::ensure!(
         args.mirror.is_some() || (!args.audit && args.base_url.is_none()),
         "--audit and --base-url go with --mirror DIR"
     );
+    let client = super::conn::http_client(Duration::from_secs(60))?;
+    let reader = HubReader::discover(client.clone(), &args.topic, args.token.clone()).await?;
+    let mirror = match &args.mirror {
+        Some(dir) => Some(Mirror::open(
+            dir,
+            args.base_url.as_deref(),
+            client,
+            args.concurrency,
+            &args.state,
+        )?),
+        None => None,
+    };
+    Ok((reader, mirror))
+}
+
+async fn follow(
+    args: SubscribeArgs,
+    stop: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
     // What the command line alone decides, before anything is read or written.
     let callback_url = match (&args.via, &args.listen, &args.callback_url) {
-        _ if args.audit => None,
         (Via::Ws, _, _) => None,
         (Via::Callback, None, _) => {
             bail!("--listen ADDR is needed for callbacks (or follow with --via ws)")
@@ -145,24 +196,8 @@ pub async fn run(
         (Via::Callback, Some(_), Some(url)) => Some(url.clone()),
         (Via::Callback, Some(listen), None) => Some(default_callback_url(listen)?),
     };
-    let client = super::conn::http_client(Duration::from_secs(60))?;
-    let reader = HubReader::discover(client.clone(), &args.topic, args.token.clone()).await?;
-    let mirror = match &args.mirror {
-        Some(dir) => Some(Mirror::open(
-            dir,
-            args.base_url.as_deref(),
-            client.clone(),
-            args.concurrency,
-            &args.state,
-        )?),
-        None => None,
-    };
-    if args.audit {
-        let Some(mirror) = &mirror else {
-            bail!("--audit needs --mirror DIR");
-        };
-        return audit(&reader, mirror).await;
-    }
+    let (reader, mirror) = open(&args).await?;
+    let client = reader.client().clone();
     State::check_writable(&args.state)?;
     let state = State::load(&args.state, &reader.topic.url)?;
     eprintln!(
@@ -284,7 +319,7 @@ pub async fn run(
 }
 
 /// `--audit`: the differences on stdout, a summary on stderr.
-async fn audit(reader: &HubReader, mirror: &Mirror) -> anyhow::Result<()> {
+async fn audit(reader: &HubReader, mirror: &Mirror) -> Result<(), SubscribeError> {
     let (header, resources) = reader.resource_list().await?;
     let differences = mirror.audit(&resources);
     for d in &differences {
@@ -299,7 +334,7 @@ async fn audit(reader: &HubReader, mirror: &Mirror) -> anyhow::Result<()> {
     if differences.is_empty() {
         Ok(())
     } else {
-        Err(AuditFailed(differences.len()).into())
+        Err(SubscribeError::Differences(differences.len()))
     }
 }
 
