@@ -209,7 +209,9 @@ impl Batcher {
                         }
                     }
                     Err(e) => {
-                        tracing::warn!(channel = %self.feed.name, error = %e, "cannot read the log to publish; retrying");
+                        if !e.logged_by_store() {
+                            tracing::warn!(channel = %self.feed.name, error = %e, "cannot read the log to publish; retrying");
+                        }
                         if stopping {
                             return;
                         }

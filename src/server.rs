@@ -436,6 +436,7 @@ async fn trim_loop(store: Arc<dyn Store>, feeds: Feeds, every: Duration, stop: C
             match store.trim(&channel.name, channel.retention, now).await {
                 Ok(0) => {}
                 Ok(n) => tracing::debug!(channel = %channel.name, removed = n, "retention applied"),
+                Err(e) if e.logged_by_store() => {}
                 Err(e) => tracing::warn!(channel = %channel.name, error = %e, "retention failed"),
             }
         }

@@ -64,7 +64,9 @@ pub async fn events(
                 )),
                 Ok(None) => None,
                 Err(e) => {
-                    tracing::warn!(channel = %name, error = %e, "event stream cannot read the log");
+                    if !e.logged_by_store() {
+                        tracing::warn!(channel = %name, error = %e, "event stream cannot read the log");
+                    }
                     None
                 }
             }

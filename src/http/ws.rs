@@ -496,7 +496,9 @@ async fn follow(mut follower: Follower, channel: Arc<str>, outlet: Outlet) {
             Ok(Some(event)) => event,
             Ok(None) => return,
             Err(e) => {
-                tracing::warn!(%channel, error = %e, "websocket follower cannot read the log");
+                if !e.logged_by_store() {
+                    tracing::warn!(%channel, error = %e, "websocket follower cannot read the log");
+                }
                 let frame = frames::error(
                     "unavailable",
                     Some(&channel),

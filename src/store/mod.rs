@@ -55,6 +55,14 @@ pub enum StoreError {
     Corrupt(String),
 }
 
+impl StoreError {
+    /// True for the errors of a broken store ([`StoreError::Full`], [`StoreError::Io`]), which
+    /// the store logs itself at a bounded rate: callers that retry need not log each one.
+    pub fn logged_by_store(&self) -> bool {
+        matches!(self, StoreError::Full(_) | StoreError::Io(_))
+    }
+}
+
 /// An idempotency key with the fingerprint of the request it came with.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IdempotencyKey {

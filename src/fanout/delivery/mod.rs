@@ -259,7 +259,9 @@ impl Worker {
                 ControlFlow::Continue(Some((n.first, n.last, n.body)))
             }
             Err(e) => {
-                tracing::warn!(error = %e, "cannot read the log for delivery; retrying");
+                if !e.logged_by_store() {
+                    tracing::warn!(error = %e, "cannot read the log for delivery; retrying");
+                }
                 tokio::select! {
                     _ = self.cancel.cancelled() => ControlFlow::Break(()),
                     _ = tokio::time::sleep(Duration::from_secs(1)) => ControlFlow::Continue(None),
@@ -308,8 +310,11 @@ impl Worker {
     }
 
     async fn persist(&self, sub: &Subscription) {
-        if let Err(e) = self.fanout.store.put_delivery(&sub.id, &self.state).await {
-            tracing::warn!(subscription = %sub.id, error = %e, "cannot save delivery state");
+        match self.fanout.store.put_delivery(&sub.id, &self.state).await {
+            Err(e) if !e.logged_by_store() => {
+                tracing::warn!(subscription = %sub.id, error = %e, "cannot save delivery state");
+            }
+            _ => {}
         }
     }
 }

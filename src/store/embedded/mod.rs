@@ -10,6 +10,10 @@
 //! trimming) use their own short transactions.
 //!
 //! The resource index (`index.rs`) is written by the same transaction as the log.
+//!
+//! The database sits behind a [`Handle`] (`handle.rs`): the first I/O error closes it (a full
+//! disk makes writes [`StoreError::Full`]), and the writer thread opens it again once the disk
+//! takes writes again. `file.rs` is the file backend, with the switch tests use to fill the disk.
 
 use async_trait::async_trait;
 use redb::{
