@@ -109,11 +109,16 @@ impl Handle {
     /// The database, or the error a request gets while the store is broken (`write`: the
     /// request would write).
     pub(super) fn db(&self, write: bool) -> Result<Arc<Database>, StoreError> {
+        self.db_for(write, 1)
+    }
+
+    /// The same for `requests` requests at once (the writer thread's group of writes).
+    pub(super) fn db_for(&self, write: bool, requests: usize) -> Result<Arc<Database>, StoreError> {
         match &mut *self.lock() {
             State::Open(db) => Ok(db.clone()),
             State::Broken(broken) => {
-                broken.refused += 1;
-                broken.refused_since_log += 1;
+                broken.refused += requests as u64;
+                broken.refused_since_log += requests as u64;
                 broken.remind();
                 Err(broken.error(write))
             }

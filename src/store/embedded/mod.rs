@@ -285,7 +285,7 @@ fn writer_loop(handle: &Handle, rx: std_mpsc::Receiver<WriteJob>, heads: &Heads)
             }
         }
         let outcome = handle
-            .db(true)
+            .db_for(true, jobs.len())
             .and_then(|db| handle.check(commit(&db, &mut jobs), true));
         match outcome {
             Ok((new_heads, results)) => {
