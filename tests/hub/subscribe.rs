@@ -786,3 +786,141 @@ async fn bad_input_to_subscribe_ends_with_a_clear_message() {
     }
     assert!(!dir.path().join("state.json").exists());
 }
+
+/// Retention drops what a stopped mirror missed, then the hub loses its data: each time the
+/// mirror starts again from the Resource List and ends equal to the source.
+async fn a_mirror_starts_again_when_its_changes_are_gone(via_ws: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, mirror) = (dir.path().join("src"), dir.path().join("mirror"));
+    let data = dir.path().join("data");
+    let data_arg = data.display().to_string();
+    let scan_state = dir.path().join("scan.json");
+    let log = dir.path().join("subscriber.log");
+    let (_files, base, _stop) = FileServer::start(&src).await;
+    let port = free_port();
+    let hub_args = [
+        "--data-dir",
+        &data_arg,
+        "--retain-changes",
+        "20",
+        "--archive-every",
+        "10",
+        "--trim-interval",
+        "100ms",
+    ];
+    let mut hub = HubProcess::start_on(port, &hub_args).await;
+    let hub_url = hub.url.clone();
+    let topic = format!("{hub_url}/channels/{CHANNEL}/changelist.xml");
+    let (src_arg, scan_arg) = (src.display().to_string(), scan_state.display().to_string());
+    let scan = [
+        "--hub",
+        &hub_url,
+        "--channel",
+        CHANNEL,
+        "--token",
+        TOKEN,
+        "--scan",
+        &src_arg,
+        "--base-url",
+        &base,
+        "--state",
+        &scan_arg,
+    ];
+    for i in 0..30 {
+        write(&src, &rel(i), &content(i, 0));
+    }
+    publish_ok(&scan).await;
+    let mut args: Vec<String> = [
+        topic.as_str(),
+        "--state",
+        &dir.path().join("subscriber.json").display().to_string(),
+        "--mirror",
+        &mirror.display().to_string(),
+        "--base-url",
+        &base,
+        "--poll",
+        "500ms",
+        "--quiet",
+    ]
+    .map(String::from)
+    .to_vec();
+    if via_ws {
+        args.extend(["--via".into(), "ws".into()]);
+    } else {
+        args.extend(["--listen".into(), format!("127.0.0.1:{}", free_port())]);
+    }
+    let subscriber = Subscriber::start(&args, &log);
+    wait_equal(&src, &mirror, "the baseline", Duration::from_secs(30)).await;
+    subscriber.kill9().await;
+
+    // While it is stopped: 65 changes, and retention keeps only the last 20 or so.
+    for version in 1..=2 {
+        for i in 0..30 {
+            write(&src, &rel(i), &content(i, version));
+        }
+        publish_ok(&scan).await;
+    }
+    for i in 0..5 {
+        std::fs::remove_file(src.join(rel(i))).unwrap();
+    }
+    publish_ok(&scan).await;
+    let client = reqwest::Client::new();
+    wait_until(
+        "retention dropped seq 31",
+        Duration::from_secs(30),
+        || async {
+            let url = format!("{}/channels/{CHANNEL}/changes?after=30", hub.url);
+            client.get(url).send().await.unwrap().status() == StatusCode::GONE
+        },
+    )
+    .await;
+    let subscriber = Subscriber::start(&args, &log);
+    wait_equal(
+        &src,
+        &mirror,
+        "the mirror after retention",
+        Duration::from_secs(30),
+    )
+    .await;
+    assert!(
+        subscriber.log().contains("retention dropped seqs 31.."),
+        "{}",
+        subscriber.log()
+    );
+
+    // The hub loses its data; the source publishes everything again into the new log.
+    hub.kill9();
+    std::fs::remove_dir_all(&data).unwrap();
+    hub = HubProcess::start_on(port, &hub_args).await;
+    std::fs::remove_file(&scan_state).unwrap();
+    for i in 30..35 {
+        write(&src, &rel(i), &content(i, 0));
+    }
+    publish_ok(&scan).await;
+    wait_equal(
+        &src,
+        &mirror,
+        "the mirror of the new log",
+        Duration::from_secs(30),
+    )
+    .await;
+    let log = subscriber.log();
+    assert!(
+        log.matches("the mirror starts again from the Resource List")
+            .count()
+            >= 2,
+        "{log}"
+    );
+    subscriber.kill9().await;
+    drop(hub);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mirror_over_callbacks_starts_again_when_its_changes_are_gone() {
+    a_mirror_starts_again_when_its_changes_are_gone(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mirror_over_the_websocket_starts_again_when_its_changes_are_gone() {
+    a_mirror_starts_again_when_its_changes_are_gone(true).await;
+}

@@ -11,7 +11,8 @@
 //!   parsed and passed to the follower; when the follower is busy it is dropped (the next
 //!   notification, or the periodic poll, shows the gap and the follower reads it back).
 //! - **The subscription**: [`Subscription::subscribe`] asks the hub and waits until the hub
-//!   has verified it; [`Subscription::keep_alive`] renews it at 3/4 of its lease.
+//!   has verified it; [`Subscription::renew`] renews it (the follower does so at 3/4 of the
+//!   lease, and at once when the hub's log turned out to be another one).
 
 use anyhow::{bail, Context};
 use bytes::Bytes;
@@ -43,6 +44,11 @@ enum Verified {
     Unsubscribed,
     Denied { reason: String },
 }
+
+/// The hub denied the subscription (`hub.mode=denied`), with its reason.
+#[derive(Debug, thiserror::Error)]
+#[error("the hub denied the subscription: {0}")]
+pub struct Denied(String);
 
 /// Shared by the callback server's connections.
 struct Callback {
@@ -132,7 +138,7 @@ impl Subscription {
     pub async fn subscribe(&mut self) -> anyhow::Result<Duration> {
         match self.request("subscribe").await? {
             Verified::Subscribed { lease } => Ok(Duration::from_secs(lease.unwrap_or(86_400))),
-            Verified::Denied { reason } => bail!("the hub denied the subscription: {reason}"),
+            Verified::Denied { reason } => Err(Denied(reason).into()),
             Verified::Unsubscribed => bail!("the hub verified an unsubscribe instead"),
         }
     }
@@ -148,30 +154,21 @@ impl Subscription {
         }
     }
 
-    /// Renews the subscription before each lease ends, until the hub denies it. Transient
-    /// failures are retried (the lease leaves time for that).
-    pub async fn keep_alive(&mut self, mut lease: Duration) -> anyhow::Error {
-        loop {
-            let renew_in = (lease * 3 / 4).max(Duration::from_secs(1));
-            tokio::time::sleep(renew_in).await;
-            let mut delay = Duration::from_secs(1);
-            loop {
-                match self.subscribe().await {
-                    Ok(granted) => {
-                        lease = granted;
-                        eprintln!(
-                            "subscription renewed for {}",
-                            humantime::format_duration(lease)
-                        );
-                        break;
-                    }
-                    Err(e) if e.to_string().contains("denied") => return e,
-                    Err(e) => {
-                        eprintln!("renewing the subscription failed, trying again: {e:#}");
-                        tokio::time::sleep(delay).await;
-                        delay = (delay * 2).min(Duration::from_secs(60));
-                    }
-                }
+    /// Renews the subscription: the lease granted, or `None` after a failure worth trying
+    /// again (logged); a denial is an error.
+    pub async fn renew(&mut self) -> anyhow::Result<Option<Duration>> {
+        match self.subscribe().await {
+            Ok(lease) => {
+                eprintln!(
+                    "subscription renewed for {}",
+                    humantime::format_duration(lease)
+                );
+                Ok(Some(lease))
+            }
+            Err(e) if e.is::<Denied>() => Err(e),
+            Err(e) => {
+                eprintln!("renewing the subscription failed, will try again: {e:#}");
+                Ok(None)
             }
         }
     }

@@ -24,6 +24,7 @@ use anyhow::{bail, Context};
 use std::path::PathBuf;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
 
 use crate::model::Change;
 
@@ -220,6 +221,7 @@ async fn follow(
         quiet: args.quiet,
         since: args.since,
         cursor: cursor_tx,
+        log_changed: false,
     };
 
     let mut subscription = None;
@@ -277,13 +279,13 @@ async fn follow(
                 events_tx.clone(),
             ));
         }
-        let renewal = async {
-            match &mut subscription {
-                Some((sub, lease)) => sub.keep_alive(*lease).await,
-                None => std::future::pending().await,
-            }
+        // Renewed at 3/4 of the lease, and at once when the hub's log turned out to be another
+        // one (a hub that lost its data lost this subscription too).
+        let mut renew_at = match &subscription {
+            Some((_, lease)) => Instant::now() + *lease * 3 / 4,
+            None => Instant::now() + Duration::from_secs(86_400 * 365),
         };
-        tokio::pin!(renewal);
+        let mut renew_delay = Duration::from_secs(1);
         let mut poll = tokio::time::interval(args.poll);
         poll.tick().await;
         let mut retry = tokio::time::interval(args.retry_every);
@@ -293,15 +295,26 @@ async fn follow(
                     Some(event) => follower.on_event(event).await?,
                     None => bail!("the push side stopped"),
                 },
-                _ = poll.tick() => {
-                    if let Err(e) = follower.catch_up().await {
-                        eprintln!("polling the hub failed: {e:#}");
-                    }
-                }
+                _ = poll.tick() => tolerate(follower.catch_up().await, "polling the hub")?,
                 _ = retry.tick(), if !follower.state.pending.is_empty() => {
                     follower.retry_pending().await?;
                 }
-                e = &mut renewal => return Err::<(), _>(e),
+                () = tokio::time::sleep_until(renew_at), if subscription.is_some() => {
+                    follower.log_changed = true;
+                }
+            }
+            if let (true, Some((sub, _))) = (follower.log_changed, &mut subscription) {
+                follower.log_changed = false;
+                match sub.renew().await? {
+                    Some(lease) => {
+                        renew_at = Instant::now() + lease * 3 / 4;
+                        renew_delay = Duration::from_secs(1);
+                    }
+                    None => {
+                        renew_at = Instant::now() + renew_delay;
+                        renew_delay = (renew_delay * 2).min(Duration::from_secs(60));
+                    }
+                }
             }
         }
     };
@@ -365,6 +378,23 @@ fn random_secret() -> String {
     hex::encode(bytes)
 }
 
+/// Output or the state file cannot be written: the follower cannot go on.
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+struct CannotRecord(anyhow::Error);
+
+/// A failed read of the hub is logged and left to the next notification or poll; a failure
+/// to record ([`CannotRecord`]) ends the follower.
+fn tolerate(result: anyhow::Result<()>, what: &str) -> anyhow::Result<()> {
+    match result {
+        Err(e) if !e.is::<CannotRecord>() => {
+            eprintln!("{what} failed, will try again: {e:#}");
+            Ok(())
+        }
+        other => other,
+    }
+}
+
 /// The owner of the cursor: applies batches in seq order, fills gaps, saves the state.
 struct Follower {
     reader: HubReader,
@@ -375,6 +405,9 @@ struct Follower {
     since: Option<u64>,
     /// Tells the websocket side where to resume.
     cursor: watch::Sender<(u64, Option<String>)>,
+    /// Set when the hub's log was found to be another one (or the lease is due): the
+    /// subscription is renewed.
+    log_changed: bool,
 }
 
 impl Follower {
@@ -464,21 +497,20 @@ impl Follower {
     ) -> anyhow::Result<()> {
         if epoch.is_some() && self.state.epoch.is_some() && epoch != self.state.epoch {
             // Another log: the cursor means nothing there. Read it from the hub.
-            return self.catch_up().await;
+            let read = self.catch_up().await;
+            return tolerate(read, "reading the hub's new log");
         }
         let Some(first) = changes.iter().map(|c| c.seq).find(|&s| s > self.state.seq) else {
             return Ok(());
         };
         if first > self.state.seq + 1 {
-            if let Err(e) = self.fill(first - 1).await {
-                eprintln!(
-                    "filling the gap before seq {first} failed ({e:#}); reading the log instead"
-                );
-                return self.catch_up().await;
-            }
+            let filled = self.fill(first - 1).await;
+            tolerate(filled, &format!("filling the gap before seq {first}"))?;
             if self.state.seq + 1 < first {
-                // The gap could not be filled (retention, another log): the log decides.
-                return self.catch_up().await;
+                // Not filled (the hub unreachable, retention, another log): the log decides,
+                // now or at the next poll.
+                let read = self.catch_up().await;
+                return tolerate(read, "reading the hub's log");
             }
         }
         self.apply(epoch, changes).await
@@ -516,7 +548,8 @@ impl Follower {
         Ok(())
     }
 
-    /// Applies changes after the cursor (in seq order), then saves the cursor.
+    /// Applies changes after the cursor (in seq order), then saves the cursor. Its errors are
+    /// [`CannotRecord`]: the follower cannot go on.
     async fn apply(&mut self, epoch: Option<String>, changes: Vec<Change>) -> anyhow::Result<()> {
         let fresh: Vec<Change> = changes
             .into_iter()
@@ -538,7 +571,8 @@ impl Follower {
             let mut out = std::io::stdout().lock();
             out.write_all(&lines)
                 .and_then(|()| out.flush())
-                .context("writing to stdout")?;
+                .context("writing to stdout")
+                .map_err(CannotRecord)?;
         }
         if let Some(mirror) = &self.mirror {
             let applied = mirror.apply(&fresh, &mut self.state.pending).await;
@@ -547,12 +581,15 @@ impl Follower {
             }
         }
         self.state.seq = last;
-        self.save()
+        self.save().map_err(|e| CannotRecord(e).into())
     }
 
     /// The changes after the cursor cannot all be had. A mirror starts again from the
     /// Resource List; otherwise the follower goes on after `oldest` − 1 of the log.
     async fn lost(&mut self, why: &str, oldest: u64, epoch: Option<String>) -> anyhow::Result<()> {
+        if epoch.is_some() {
+            self.log_changed = true;
+        }
         if self.mirror.is_some() {
             eprintln!("{why}: the mirror starts again from the Resource List");
             return self.baseline().await;
