@@ -117,6 +117,7 @@ impl Handle {
         match &mut *self.lock() {
             State::Open(db) => Ok(db.clone()),
             State::Broken(broken) => {
+                metrics::counter!("changehub_store_errors_total").increment(requests as u64);
                 broken.refused += requests as u64;
                 broken.refused_since_log += requests as u64;
                 broken.remind();
