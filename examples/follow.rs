@@ -103,11 +103,8 @@ fn on_frame(frame: Value, cursor: &mut Cursor) {
             for change in frame["changes"].as_array().into_iter().flatten() {
                 let seq = change["seq"].as_u64().unwrap_or_default();
                 if seq > cursor.seq && cursor.left > 0 {
-                    println!(
-                        "{seq}\t{}\t{}",
-                        change["change"].as_str().unwrap_or_default(),
-                        change["loc"].as_str().unwrap_or_default()
-                    );
+                    let field = |name| change[name].as_str().unwrap_or_default();
+                    println!("{seq}\t{}\t{}", field("change"), field("loc"));
                     (cursor.seq, cursor.left) = (seq, cursor.left - 1);
                 }
             }
