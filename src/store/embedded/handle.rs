@@ -5,13 +5,16 @@
 //! opened again. The first I/O error breaks the [`Handle`]: from then on every request is
 //! refused at once without touching the file — writes with [`StoreError::Full`] (507) when the
 //! disk is full, everything else with [`StoreError::Io`] (503) — and readiness fails. The writer
-//! thread calls [`Handle::recover`] at most every [`RETRY`]: once the disk takes a probe write
+//! thread calls [`Handle::recover`] every [`RETRY`]: once the disk takes a probe write
 //! again ([`file::has_room`]) and the last reader has let the old database go, it opens the file
 //! again, as a restart would. Every commit that returned (every acknowledged change) is in the
 //! file; a commit that failed was answered with an error and was never acknowledged.
 //!
 //! Logs: one line when the store breaks, one when it is back, and at most one reminder every
-//! [`REPEAT`] in between (with how many requests were refused).
+//! [`REPEAT`] in between (with how many requests were refused). A store that breaks again
+//! within [`REPEAT`] of reopening (a disk with just enough room for the probe) waits twice as
+//! long as last time before its next try, up to [`REPEAT`], so that a flapping disk logs a
+//! couple of lines a minute, not two a second.
 
 use redb::Database;
 use std::path::{Path, PathBuf};
@@ -36,7 +39,11 @@ pub(super) struct Handle {
 }
 
 enum State {
-    Open(Arc<Database>),
+    /// `reopened`: when it was last reopened, and after how long a wait.
+    Open {
+        db: Arc<Database>,
+        reopened: Option<(Instant, Duration)>,
+    },
     Broken(Broken),
 }
 
@@ -53,6 +60,8 @@ struct Broken {
     refused: u64,
     refused_since_log: u64,
     logged: Instant,
+    /// The wait between tries to reopen.
+    wait: Duration,
     next_try: Instant,
 }
 
@@ -98,7 +107,10 @@ impl Handle {
         Ok(Handle {
             dir: dir.to_path_buf(),
             full,
-            state: Mutex::new(State::Open(Arc::new(db))),
+            state: Mutex::new(State::Open {
+                db: Arc::new(db),
+                reopened: None,
+            }),
         })
     }
 
@@ -115,7 +127,7 @@ impl Handle {
     /// The same for `requests` requests at once (the writer thread's group of writes).
     pub(super) fn db_for(&self, write: bool, requests: usize) -> Result<Arc<Database>, StoreError> {
         match &mut *self.lock() {
-            State::Open(db) => Ok(db.clone()),
+            State::Open { db, .. } => Ok(db.clone()),
             State::Broken(broken) => {
                 metrics::counter!("changehub_store_errors_total").increment(requests as u64);
                 broken.refused += requests as u64;
@@ -138,9 +150,13 @@ impl Handle {
             other => return other,
         };
         let mut state = self.lock();
-        if let State::Open(db) = &*state {
+        if let State::Open { db, reopened } = &*state {
             let full = matches!(e, StoreError::Full(_));
             let now = Instant::now();
+            let wait = match reopened {
+                Some((at, wait)) if at.elapsed() < REPEAT => (*wait * 2).min(REPEAT),
+                _ => RETRY,
+            };
             let broken = Broken {
                 full,
                 cause: e.to_string(),
@@ -149,7 +165,8 @@ impl Handle {
                 refused: 0,
                 refused_since_log: 0,
                 logged: now,
-                next_try: now,
+                wait,
+                next_try: now + wait,
             };
             if full {
                 tracing::error!(cause = %broken.cause, "the store's disk is full: writes are refused (507) until space is freed; the store reopens on its own");
@@ -160,7 +177,7 @@ impl Handle {
         }
         match &*state {
             State::Broken(broken) => Err(broken.error(write)),
-            State::Open(_) => Err(e),
+            State::Open { .. } => Err(e),
         }
     }
 
@@ -176,7 +193,7 @@ impl Handle {
             if now < broken.next_try {
                 return None;
             }
-            broken.next_try = now + RETRY;
+            broken.next_try = now + broken.wait;
             broken.old.take()
         };
         if let Some(old) = old {
@@ -206,7 +223,10 @@ impl Handle {
                     "the store is reopened: requests are served again"
                 );
                 let db = Arc::new(db);
-                *state = State::Open(db.clone());
+                *state = State::Open {
+                    db: db.clone(),
+                    reopened: Some((Instant::now(), broken.wait)),
+                };
                 Some(db)
             }
             Err(e) => {
@@ -329,6 +349,14 @@ mod tests {
             .await
             .expect("the head moves after the reopen")
             .unwrap();
+
+        // Full again right after the reopen (a flapping disk): the next try waits twice as long.
+        full.set(true);
+        let refused = store.append("c", changes("d", 5), None, now).await;
+        assert!(matches!(refused, Err(StoreError::Full(_))), "{refused:?}");
+        full.set(false);
+        assert!(!ready_within(&store, RETRY * 3 / 2).await, "backs off");
+        assert!(ready_within(&store, Duration::from_secs(10)).await);
 
         // Everything acknowledged is there, now and after a restart.
         let locs = |changes: Vec<crate::model::Change>| -> Vec<(u64, String)> {
