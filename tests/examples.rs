@@ -251,3 +251,49 @@ async fn follow_resumes_after_its_cursor() {
     assert!(!status.success());
     assert!(stderr.contains("404"), "{stderr}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follow_reconnects_through_a_hub_restart() {
+    let data = tempfile::tempdir().unwrap();
+    let data_arg = ["--data-dir", data.path().to_str().unwrap()];
+    let port = free_port();
+    let mut hub = HubProcess::start_on(port, &data_arg).await;
+    let url = hub.url.clone();
+    let push = |key: &'static str| {
+        let url = url.clone();
+        async move {
+            let (status, _, stderr) =
+                run("source", &[&url, CHANNEL, TOKEN, "5", "--key", key]).await;
+            assert!(status.success(), "{stderr}");
+        }
+    };
+    let created = |key: &str, first: u64| -> Vec<String> {
+        (0..5)
+            .map(|i| format!("{}\tcreated\thttp://example.com/{key}/{i}", first + i))
+            .collect()
+    };
+    push("a").await;
+    let cursor = tempfile::tempdir().unwrap();
+    let cursor_arg = cursor.path().join("news.cursor");
+    let args = [&url, CHANNEL, cursor_arg.to_str().unwrap(), "--count", "10"];
+    let mut follow = Running::start("follow", &args);
+    wait_until("the first five printed", WAIT, || async {
+        follow.stdout().len() == 5
+    })
+    .await;
+
+    // The hub dies and comes back on the same address; the follower reconnects from its cursor.
+    hub.kill9();
+    hub = HubProcess::start_on(port, &data_arg).await;
+    push("b").await;
+    let status = follow.exit().await;
+    let stderr = follow.stderr();
+    assert!(status.success(), "{stderr}");
+    assert!(stderr.contains("reconnecting"), "{stderr}");
+    assert_eq!(
+        follow.stdout(),
+        [created("a", 1), created("b", 6)].concat(),
+        "{stderr}"
+    );
+    drop(hub);
+}
