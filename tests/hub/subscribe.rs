@@ -219,91 +219,156 @@ fn ndjson(base: &str, src: &Path, updated: &[usize], deleted: &[usize]) -> Strin
     lines
 }
 
+/// What the mirror tests share: a source folder served over HTTP, a hub process with its data
+/// folder, and the arguments of `publish --scan` and of `subscribe --mirror`.
+struct MirrorSetup {
+    dir: tempfile::TempDir,
+    src: PathBuf,
+    mirror: PathBuf,
+    files: FileServer,
+    base: String,
+    port: u16,
+    hub_args: Vec<String>,
+    hub: HubProcess,
+    subscriber_args: Vec<String>,
+    log: PathBuf,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl MirrorSetup {
+    /// `hub_flags` are added to the data folder's; the subscriber follows over the websocket
+    /// or callbacks, with `subscriber_flags`.
+    async fn start(hub_flags: &[&str], via_ws: bool, subscriber_flags: &[&str]) -> MirrorSetup {
+        let dir = tempfile::tempdir().unwrap();
+        let (src, mirror) = (dir.path().join("src"), dir.path().join("mirror"));
+        let (files, base, stop) = FileServer::start(&src).await;
+        let port = free_port();
+        let mut hub_args = vec!["--data-dir".to_string(), path_arg(&dir.path().join("data"))];
+        hub_args.extend(hub_flags.iter().map(|s| s.to_string()));
+        let hub = HubProcess::start_on(port, &strs(&hub_args)).await;
+        let topic = format!("{}/channels/{CHANNEL}/changelist.xml", hub.url);
+        let mut subscriber_args: Vec<String> = [
+            topic.as_str(),
+            "--state",
+            &path_arg(&dir.path().join("subscriber.json")),
+            "--mirror",
+            &path_arg(&mirror),
+            "--base-url",
+            &base,
+            "--quiet",
+        ]
+        .map(String::from)
+        .to_vec();
+        subscriber_args.extend(subscriber_flags.iter().map(|s| s.to_string()));
+        if via_ws {
+            subscriber_args.extend(["--via".into(), "ws".into()]);
+        } else {
+            subscriber_args.extend(["--listen".into(), format!("127.0.0.1:{}", free_port())]);
+        }
+        let log = dir.path().join("subscriber.log");
+        MirrorSetup {
+            src,
+            mirror,
+            files,
+            base,
+            port,
+            hub_args,
+            hub,
+            subscriber_args,
+            log,
+            dir,
+            _stop: stop,
+        }
+    }
+
+    /// `changehub publish --scan` of the source folder, to its end.
+    async fn publish_scan(&self) {
+        let scan = [
+            "--hub",
+            &self.hub.url,
+            "--channel",
+            CHANNEL,
+            "--token",
+            TOKEN,
+            "--scan",
+            &path_arg(&self.src),
+            "--base-url",
+            &self.base,
+            "--state",
+            &path_arg(&self.dir.path().join("scan.json")),
+        ]
+        .map(String::from);
+        publish_ok(&strs(&scan)).await;
+    }
+
+    fn subscriber(&self) -> Subscriber {
+        Subscriber::start(&self.subscriber_args, &self.log)
+    }
+
+    /// SIGKILLs the hub and starts it again on the same port; `wipe` loses its data first.
+    async fn restart_hub(&mut self, wipe: bool) {
+        self.hub.kill9();
+        if wipe {
+            std::fs::remove_dir_all(self.dir.path().join("data")).unwrap();
+        }
+        self.hub = HubProcess::start_on(self.port, &strs(&self.hub_args)).await;
+    }
+
+    async fn wait_equal(&self, what: &str) {
+        wait_equal(&self.src, &self.mirror, what, Duration::from_secs(60)).await;
+    }
+
+    /// `subscribe --audit` of the mirror: (exit code, stdout, stderr).
+    async fn audit(&self) -> (i32, String, String) {
+        let mut args = vec!["subscribe"];
+        // The topic, --state, --mirror and --base-url.
+        args.extend(strs(&self.subscriber_args[..7]));
+        args.push("--audit");
+        run(&args).await
+    }
+}
+
+fn path_arg(path: &Path) -> String {
+    path.display().to_string()
+}
+
+fn strs(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
+}
+
 async fn mirror_follows_the_source(via_ws: bool) {
-    let dir = tempfile::tempdir().unwrap();
-    let (src, mirror) = (dir.path().join("src"), dir.path().join("mirror"));
-    let data = dir.path().join("data");
-    let data_arg = data.display().to_string();
-    let scan_state = dir.path().join("scan.json").display().to_string();
-    let changes_file = dir.path().join("changes.ndjson");
-    let log = dir.path().join("subscriber.log");
-    let (files, base, _stop) = FileServer::start(&src).await;
-    let port = free_port();
-    let mut hub = HubProcess::start_on(port, &["--data-dir", &data_arg]).await;
-    let topic = format!("{}/channels/{CHANNEL}/changelist.xml", hub.url);
-    let src_arg = src.display().to_string();
-    let scan = [
-        "--hub",
-        &hub.url,
-        "--channel",
-        CHANNEL,
-        "--token",
-        TOKEN,
-        "--scan",
-        &src_arg,
-        "--base-url",
-        &base,
-        "--state",
-        &scan_state,
-    ]
-    .map(String::from);
-    let scan: Vec<&str> = scan.iter().map(String::as_str).collect();
+    let flags = ["--retry-every", "300ms", "--poll", "1s"];
+    let mut setup = MirrorSetup::start(&[], via_ws, &flags).await;
+    let (src, mirror) = (setup.src.clone(), setup.mirror.clone());
 
     // 250 resources before the subscriber starts: its baseline, from the Resource List.
     for i in 0..250 {
         write(&src, &rel(i), &content(i, 0));
     }
-    publish_ok(&scan).await;
-    let mut args: Vec<String> = [
-        topic.as_str(),
-        "--state",
-        &dir.path().join("subscriber.json").display().to_string(),
-        "--mirror",
-        &mirror.display().to_string(),
-        "--base-url",
-        &base,
-        "--retry-every",
-        "300ms",
-        "--poll",
-        "1s",
-        "--quiet",
-    ]
-    .map(String::from)
-    .to_vec();
-    if via_ws {
-        args.extend(["--via".into(), "ws".into()]);
-    } else {
-        args.extend(["--listen".into(), format!("127.0.0.1:{}", free_port())]);
-    }
-    let subscriber = Subscriber::start(&args, &log);
-    wait_equal(&src, &mirror, "the baseline", Duration::from_secs(60)).await;
+    setup.publish_scan().await;
+    let subscriber = setup.subscriber();
+    setup.wait_equal("the baseline").await;
 
     // 250 more created, from a scan, while the subscriber is killed and restarted.
     for i in 250..500 {
         write(&src, &rel(i), &content(i, 0));
     }
-    let publishing = tokio::spawn({
-        let scan: Vec<String> = scan.iter().map(|s| s.to_string()).collect();
-        async move {
-            let scan: Vec<&str> = scan.iter().map(String::as_str).collect();
-            publish_ok(&scan).await
-        }
+    let (publishing, scanned) = (setup.publish_scan(), async {
+        wait_until(
+            "some of the new resources mirrored",
+            Duration::from_secs(60),
+            || async { tree(&mirror).len() > 250 },
+        )
+        .await;
+        subscriber.kill9().await;
     });
-    wait_until(
-        "some of the new resources mirrored",
-        Duration::from_secs(60),
-        || async { tree(&mirror).len() > 250 },
-    )
-    .await;
-    subscriber.kill9().await;
-    publishing.await.unwrap();
-    let subscriber = Subscriber::start(&args, &log);
-    wait_equal(&src, &mirror, "500 resources", Duration::from_secs(60)).await;
+    tokio::join!(publishing, scanned);
+    let subscriber = setup.subscriber();
+    setup.wait_equal("500 resources").await;
 
     // The hub restarts; updates and deletes by hand-written NDJSON, one resource served
     // wrong for a while.
-    hub.kill9();
-    hub = HubProcess::start_on(port, &["--data-dir", &data_arg]).await;
+    setup.restart_hub(false).await;
     let deleted: Vec<usize> = (4..500).step_by(25).collect();
     let updated: Vec<usize> = (0..500)
         .step_by(9)
@@ -319,21 +384,22 @@ async fn mirror_follows_the_source(via_ws: bool) {
     let corrupted = rel(9);
     let mut wrong = content(9, 1);
     wrong[0] ^= 1;
-    files
+    setup
+        .files
         .wrong
         .lock()
         .unwrap()
         .insert(corrupted.clone(), wrong.clone());
-    std::fs::write(&changes_file, ndjson(&base, &src, &updated, &deleted)).unwrap();
-    let changes_arg = changes_file.display().to_string();
+    let changes_file = setup.dir.path().join("changes.ndjson");
+    std::fs::write(&changes_file, ndjson(&setup.base, &src, &updated, &deleted)).unwrap();
     publish_ok(&[
         "--hub",
-        &hub.url,
+        &setup.hub.url,
         "--channel",
         CHANNEL,
         "--token",
         TOKEN,
-        &changes_arg,
+        &path_arg(&changes_file),
     ])
     .await;
     wait_until(
@@ -351,66 +417,35 @@ async fn mirror_follows_the_source(via_ws: bool) {
         "a resource whose hash does not match was written"
     );
     subscriber.kill9().await;
-    let subscriber = Subscriber::start(&args, &log);
+    let subscriber = setup.subscriber();
     tokio::time::sleep(Duration::from_millis(500)).await; // let it be wrong for a while longer
-    files.wrong.lock().unwrap().clear();
+    setup.files.wrong.lock().unwrap().clear();
 
     // More changes from a scan: new files, changed files, removed files.
     for i in 500..520 {
         write(&src, &rel(i), &content(i, 0));
     }
     for i in (1..500).step_by(31) {
-        let path = src.join(rel(i));
-        if path.exists() {
+        if src.join(rel(i)).exists() {
             write(&src, &rel(i), &content(i, 2));
         }
     }
     for i in (2..500).step_by(47) {
         let _ = std::fs::remove_file(src.join(rel(i)));
     }
-    publish_ok(&scan).await;
-    wait_equal(
-        &src,
-        &mirror,
-        "the mirror equals the source",
-        Duration::from_secs(90),
-    )
-    .await;
+    setup.publish_scan().await;
+    setup.wait_equal("the mirror equals the source").await;
 
-    let state_arg = dir.path().join("subscriber.json").display().to_string();
-    let mirror_arg = mirror.display().to_string();
-    let (code, out, err) = run(&[
-        "subscribe",
-        &topic,
-        "--state",
-        &state_arg,
-        "--mirror",
-        &mirror_arg,
-        "--base-url",
-        &base,
-        "--audit",
-    ])
-    .await;
+    let (code, out, err) = setup.audit().await;
     assert_eq!(code, 0, "audit: {out}{err}");
     assert!(err.contains("0 difference"), "{err}");
     // The audit notices a file that changed behind the mirror's back.
     std::fs::write(mirror.join(rel(1)), b"tampered").unwrap();
-    let (code, out, _) = run(&[
-        "subscribe",
-        &topic,
-        "--state",
-        &state_arg,
-        "--mirror",
-        &mirror_arg,
-        "--base-url",
-        &base,
-        "--audit",
-    ])
-    .await;
+    let (code, out, _) = setup.audit().await;
     assert_eq!(code, 1, "{out}");
     assert!(out.starts_with("differs\td1/r 1.txt"), "{out}");
     subscriber.kill9().await;
-    let log = std::fs::read_to_string(&log).unwrap();
+    let log = std::fs::read_to_string(&setup.log).unwrap();
     assert!(log.contains("baseline: 250 resources"), "{log}");
 }
 
@@ -790,17 +825,7 @@ async fn bad_input_to_subscribe_ends_with_a_clear_message() {
 /// Retention drops what a stopped mirror missed, then the hub loses its data: each time the
 /// mirror starts again from the Resource List and ends equal to the source.
 async fn a_mirror_starts_again_when_its_changes_are_gone(via_ws: bool) {
-    let dir = tempfile::tempdir().unwrap();
-    let (src, mirror) = (dir.path().join("src"), dir.path().join("mirror"));
-    let data = dir.path().join("data");
-    let data_arg = data.display().to_string();
-    let scan_state = dir.path().join("scan.json");
-    let log = dir.path().join("subscriber.log");
-    let (_files, base, _stop) = FileServer::start(&src).await;
-    let port = free_port();
-    let hub_args = [
-        "--data-dir",
-        &data_arg,
+    let retention = [
         "--retain-changes",
         "20",
         "--archive-every",
@@ -808,49 +833,14 @@ async fn a_mirror_starts_again_when_its_changes_are_gone(via_ws: bool) {
         "--trim-interval",
         "100ms",
     ];
-    let mut hub = HubProcess::start_on(port, &hub_args).await;
-    let hub_url = hub.url.clone();
-    let topic = format!("{hub_url}/channels/{CHANNEL}/changelist.xml");
-    let (src_arg, scan_arg) = (src.display().to_string(), scan_state.display().to_string());
-    let scan = [
-        "--hub",
-        &hub_url,
-        "--channel",
-        CHANNEL,
-        "--token",
-        TOKEN,
-        "--scan",
-        &src_arg,
-        "--base-url",
-        &base,
-        "--state",
-        &scan_arg,
-    ];
+    let mut setup = MirrorSetup::start(&retention, via_ws, &["--poll", "500ms"]).await;
+    let src = setup.src.clone();
     for i in 0..30 {
         write(&src, &rel(i), &content(i, 0));
     }
-    publish_ok(&scan).await;
-    let mut args: Vec<String> = [
-        topic.as_str(),
-        "--state",
-        &dir.path().join("subscriber.json").display().to_string(),
-        "--mirror",
-        &mirror.display().to_string(),
-        "--base-url",
-        &base,
-        "--poll",
-        "500ms",
-        "--quiet",
-    ]
-    .map(String::from)
-    .to_vec();
-    if via_ws {
-        args.extend(["--via".into(), "ws".into()]);
-    } else {
-        args.extend(["--listen".into(), format!("127.0.0.1:{}", free_port())]);
-    }
-    let subscriber = Subscriber::start(&args, &log);
-    wait_equal(&src, &mirror, "the baseline", Duration::from_secs(30)).await;
+    setup.publish_scan().await;
+    let subscriber = setup.subscriber();
+    setup.wait_equal("the baseline").await;
     subscriber.kill9().await;
 
     // While it is stopped: 65 changes, and retention keeps only the last 20 or so.
@@ -858,52 +848,36 @@ async fn a_mirror_starts_again_when_its_changes_are_gone(via_ws: bool) {
         for i in 0..30 {
             write(&src, &rel(i), &content(i, version));
         }
-        publish_ok(&scan).await;
+        setup.publish_scan().await;
     }
     for i in 0..5 {
         std::fs::remove_file(src.join(rel(i))).unwrap();
     }
-    publish_ok(&scan).await;
+    setup.publish_scan().await;
     let client = reqwest::Client::new();
+    let after_baseline = format!("{}/channels/{CHANNEL}/changes?after=30", setup.hub.url);
     wait_until(
         "retention dropped seq 31",
         Duration::from_secs(30),
         || async {
-            let url = format!("{}/channels/{CHANNEL}/changes?after=30", hub.url);
-            client.get(url).send().await.unwrap().status() == StatusCode::GONE
+            let status = client.get(&after_baseline).send().await.unwrap().status();
+            status == StatusCode::GONE
         },
     )
     .await;
-    let subscriber = Subscriber::start(&args, &log);
-    wait_equal(
-        &src,
-        &mirror,
-        "the mirror after retention",
-        Duration::from_secs(30),
-    )
-    .await;
-    assert!(
-        subscriber.log().contains("retention dropped seqs 31.."),
-        "{}",
-        subscriber.log()
-    );
+    let subscriber = setup.subscriber();
+    setup.wait_equal("the mirror after retention").await;
+    let log = subscriber.log();
+    assert!(log.contains("retention dropped seqs 31.."), "{log}");
 
     // The hub loses its data; the source publishes everything again into the new log.
-    hub.kill9();
-    std::fs::remove_dir_all(&data).unwrap();
-    hub = HubProcess::start_on(port, &hub_args).await;
-    std::fs::remove_file(&scan_state).unwrap();
+    setup.restart_hub(true).await;
+    std::fs::remove_file(setup.dir.path().join("scan.json")).unwrap();
     for i in 30..35 {
         write(&src, &rel(i), &content(i, 0));
     }
-    publish_ok(&scan).await;
-    wait_equal(
-        &src,
-        &mirror,
-        "the mirror of the new log",
-        Duration::from_secs(30),
-    )
-    .await;
+    setup.publish_scan().await;
+    setup.wait_equal("the mirror of the new log").await;
     let log = subscriber.log();
     assert!(
         log.matches("the mirror starts again from the Resource List")
@@ -912,7 +886,6 @@ async fn a_mirror_starts_again_when_its_changes_are_gone(via_ws: bool) {
         "{log}"
     );
     subscriber.kill9().await;
-    drop(hub);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
