@@ -3,12 +3,12 @@
 //!
 //! After one failed write redb refuses everything ("Previous I/O error") until the file is
 //! opened again. The first I/O error breaks the [`Handle`]: from then on every request is
-//! refused at once without touching the file — writes with [`StoreError::Full`] (507) when the
-//! disk is full, everything else with [`StoreError::Io`] (503) — and readiness fails. The writer
-//! thread calls [`Handle::recover`] every [`RETRY`]: once the disk takes a probe write
-//! again ([`file::has_room`]) and the last reader has let the old database go, it opens the file
-//! again, as a restart would. Every commit that returned (every acknowledged change) is in the
-//! file; a commit that failed was answered with an error and was never acknowledged.
+//! refused at once without touching the file — writes with [`StoreError::Full`] (507) when
+//! the disk is full, everything else with [`StoreError::Io`] (503) — and readiness fails.
+//! The writer thread calls [`Handle::recover`] every [`RETRY`]: once the disk takes a probe
+//! write again ([`file::has_room`]) and the last reader has let the old database go, it opens
+//! the file again, as a restart would. Every commit that returned (every acknowledged change)
+//! is in the file; a commit that failed was answered with an error and never acknowledged.
 //!
 //! Logs: one line when the store breaks, one when it is back, and at most one reminder every
 //! [`REPEAT`] in between (with how many requests were refused). A store that breaks again
