@@ -86,6 +86,8 @@ async fn publish_through_a_hub_kill(n: usize) {
     ])
     .spawn()
     .unwrap();
+    // Read stderr as it comes: a full pipe would stop the publisher.
+    let stderr = tokio::spawn(read_all(publisher.stderr.take()));
     wait_until("a third published", deadline, || async {
         last_seq(&hub.url).await >= (n / 3) as u64
     })
@@ -97,7 +99,7 @@ async fn publish_through_a_hub_kill(n: usize) {
         .await
         .expect("publish ends")
         .unwrap();
-    let stderr = read_all(publisher.stderr.take()).await;
+    let stderr = stderr.await.unwrap();
     assert!(status.success(), "{stderr}");
     assert!(
         stderr.contains("retrying"),
@@ -341,7 +343,7 @@ async fn a_scan_killed_midway_and_rerun_publishes_each_file_once() {
         state.to_str().unwrap(),
     ];
     args.extend(["--batch", "5"]);
-    let mut publisher = publish(&args).spawn().unwrap();
+    let mut publisher = publish(&args).stderr(Stdio::null()).spawn().unwrap();
     wait_until("some published", Duration::from_secs(60), || async {
         last_seq(&hub.url).await >= 50
     })

@@ -722,9 +722,25 @@ async fn changes_are_printed_once_in_order_through_gaps_forgeries_renewals_and_a
         assert_eq!(mode & 0o077, 0, "the state file holds a secret: {mode:o}");
     }
     hub.push("while-down", 5).await;
-    let again = Printer::start(&args, &log);
+    let mut again = Printer::start(&args, &log);
     again.wait_seq(36).await;
     assert_eq!(again.seqs(), (32..=36).collect::<Vec<_>>());
+
+    // SIGTERM: it unsubscribes (the hub forgets the callback), then exits 0.
+    let pid = again.child.id().unwrap() as i32;
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let status = tokio::time::timeout(Duration::from_secs(20), again.child.wait())
+        .await
+        .expect("it exits after SIGTERM")
+        .unwrap();
+    assert!(status.success(), "{status}: {}", again.log());
+    assert!(again.log().contains("unsubscribed"), "{}", again.log());
+    wait_until(
+        "the subscription is gone",
+        Duration::from_secs(10),
+        || async { hub.subscriptions().await.is_empty() },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
