@@ -100,11 +100,12 @@ async fn verification(
 ) -> (StatusCode, String) {
     let param = |name: &str| q.get(name).cloned().unwrap_or_default();
     eprintln!("hub: {} {}", param("hub.mode"), param("hub.reason"));
+    if param("hub.topic") != state.topic {
+        return (StatusCode::NOT_FOUND, String::new());
+    }
     match param("hub.mode").as_str() {
-        "subscribe" if param("hub.topic") == state.topic => {
-            (StatusCode::OK, param("hub.challenge"))
-        }
-        "denied" => (StatusCode::OK, String::new()),
+        "subscribe" => (StatusCode::OK, param("hub.challenge")),
+        "denied" => std::process::exit(1), // its reason is printed above
         _ => (StatusCode::NOT_FOUND, String::new()), // not asked for: refuse
     }
 }

@@ -297,3 +297,17 @@ async fn follow_reconnects_through_a_hub_restart() {
     );
     drop(hub);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn destination_ends_when_the_hub_denies_it() {
+    // A private channel refuses WebSub subscriptions with `hub.mode=denied`.
+    let hub = TestHub::start(|c| {
+        if let Some(channel) = c.channels.get_mut(CHANNEL) {
+            channel.read_token = Some("reader".into());
+        }
+    })
+    .await;
+    let (status, stdout, stderr) = run("destination", &[&hub.url, CHANNEL]).await;
+    assert!(!status.success() && stdout.is_empty(), "{stderr}");
+    assert!(stderr.contains("hub: denied"), "{stderr}");
+}
