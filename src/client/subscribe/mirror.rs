@@ -14,6 +14,9 @@
 //!   The cursor moves on meanwhile.
 //! - Before the cursor is saved, the folders that got a rename or a removal are synced, so
 //!   what the saved cursor covers is on disk.
+//! - DIR holds a hidden `.changehub-mirror` file. A folder without it is taken only when it
+//!   is empty: the baseline removes every file that the Resource List does not list, which
+//!   must never be someone's other files.
 
 use futures_util::stream::{self, StreamExt};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -29,6 +32,11 @@ use crate::retry::backoff;
 const ATTEMPTS: u32 = 4;
 /// Prefix of the mirror's temporary files (skipped by the audit).
 const TEMP_PREFIX: &str = ".changehub-tmp-";
+/// The file that makes a folder a mirror: only a folder that has it (or an empty one) is
+/// taken, since the mirror removes what the Resource List does not list.
+const MARKER: &str = ".changehub-mirror";
+/// Longest one resource's fetch may take.
+const FETCH_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// The local copy.
 pub struct Mirror {
@@ -88,10 +96,24 @@ impl Mirror {
         use anyhow::Context;
         std::fs::create_dir_all(dir)
             .with_context(|| format!("cannot create the mirror folder {}", dir.display()))?;
-        let probe = dir.join(format!("{TEMP_PREFIX}probe"));
-        std::fs::write(&probe, b"")
-            .and_then(|()| std::fs::remove_file(&probe))
-            .with_context(|| format!("the mirror folder {} is not writable", dir.display()))?;
+        let marker = dir.join(MARKER);
+        if !marker.exists() {
+            let occupied = std::fs::read_dir(dir)
+                .with_context(|| format!("cannot read the mirror folder {}", dir.display()))?
+                .next()
+                .is_some();
+            anyhow::ensure!(
+                !occupied,
+                "{} is not empty and is not a mirror of changehub subscribe; give a new or \
+                 empty folder (a mirror removes what the hub's Resource List does not list)",
+                dir.display()
+            );
+        }
+        std::fs::write(
+            &marker,
+            b"This folder is a mirror kept by changehub subscribe.\n",
+        )
+        .with_context(|| format!("the mirror folder {} is not writable", dir.display()))?;
         if let Some(base) = base {
             let url = url::Url::parse(base).with_context(|| format!("--base-url {base:?}"))?;
             anyhow::ensure!(
@@ -269,6 +291,7 @@ impl Mirror {
         let response = self
             .client
             .get(&change.loc)
+            .timeout(FETCH_TIMEOUT)
             .send()
             .await
             .map_err(|e| format!("GET failed: {e}"))?;
@@ -381,6 +404,7 @@ impl Mirror {
                 let name = entry.file_name();
                 let name = name.to_string_lossy();
                 if name.starts_with(TEMP_PREFIX)
+                    || (name == MARKER && folder == self.dir)
                     || (name.starts_with('.') && name.ends_with(".changehub-tmp"))
                     || self.state_file.as_deref() == Some(path.as_path())
                 {
@@ -476,6 +500,21 @@ mod tests {
         )
         .unwrap();
         (dir, m)
+    }
+
+    #[test]
+    fn only_an_empty_folder_or_a_mirror_is_taken() {
+        let (dir, m) = mirror(None);
+        write_file(&m.dir.join("kept.txt"), b"x").unwrap();
+        let state = dir.path().join("state.json");
+        let open = |d: &Path| Mirror::open(d, None, reqwest::Client::new(), 1, &state);
+        assert!(open(&m.dir).is_ok(), "a mirror is taken again");
+        let others = dir.path().join("home");
+        write_file(&others.join("notes.txt"), b"mine").unwrap();
+        let refused = open(&others).err().unwrap().to_string();
+        assert!(refused.contains("is not empty"), "{refused}");
+        assert!(others.join("notes.txt").exists());
+        assert_eq!(m.files(), vec![PathBuf::from("kept.txt")]);
     }
 
     #[test]
