@@ -314,6 +314,22 @@ impl MirrorSetup {
         self.hub = HubProcess::start_on(self.port, &strs(&self.hub_args)).await;
     }
 
+    /// Waits until the subscriber's state file has saved `seq` as its cursor.
+    async fn wait_cursor(&self, seq: u64) {
+        let state = self.dir.path().join("subscriber.json");
+        wait_until(
+            &format!("cursor {seq} saved"),
+            Duration::from_secs(30),
+            || async {
+                std::fs::read(&state)
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                    .is_some_and(|s| s["seq"] == seq)
+            },
+        )
+        .await;
+    }
+
     async fn wait_equal(&self, what: &str) {
         wait_equal(&self.src, &self.mirror, what, Duration::from_secs(60)).await;
     }
@@ -857,6 +873,7 @@ async fn a_mirror_starts_again_when_its_changes_are_gone(via_ws: bool) {
     setup.publish_scan().await;
     let subscriber = setup.subscriber();
     setup.wait_equal("the baseline").await;
+    setup.wait_cursor(30).await;
     subscriber.kill9().await;
 
     // While it is stopped: 65 changes, and retention keeps only the last 20 or so.
