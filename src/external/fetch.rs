@@ -47,7 +47,11 @@ impl External {
         match parsed {
             Some(Ok(Document::ChangeList { entries, .. })) => {
                 topic.set_kind(Kind::ChangeList);
-                let changes = valid_changes(&topic.url, entries.into_iter().map(|e| e.change));
+                let changes = valid_changes(
+                    &topic.url,
+                    entries.into_iter().map(|e| e.change),
+                    self.config.max_future,
+                );
                 let n = self
                     .record(topic, changes)
                     .await
@@ -100,7 +104,11 @@ impl External {
                 .map_err(|e| format!("{}: {e}", list.loc))?;
             let (_, entries) = resourcesync::parse_change_list(&fetched.body, &limits)
                 .map_err(|e| format!("{}: {e}", list.loc))?;
-            let changes = valid_changes(&list.loc, entries.into_iter().map(|e| e.change));
+            let changes = valid_changes(
+                &list.loc,
+                entries.into_iter().map(|e| e.change),
+                self.config.max_future,
+            );
             self.record(topic, changes)
                 .await
                 .map_err(|e| e.to_string())?;
@@ -111,14 +119,36 @@ impl External {
 
 /// Validated changes of a fetched document; invalid entries are skipped with a warning (the
 /// document is not ours to refuse).
-fn valid_changes(url: &str, changes: impl Iterator<Item = NewChange>) -> Vec<NewChange> {
+/// The entries of a fetched Change List that the log may take: valid, and dated at most
+/// `max_future` ahead (`--max-future`; one far-future entry would pin every later change of
+/// the topic to its date). The others are skipped with a warning.
+fn valid_changes(
+    url: &str,
+    changes: impl Iterator<Item = NewChange>,
+    max_future: std::time::Duration,
+) -> Vec<NewChange> {
+    let latest = time::Duration::try_from(max_future)
+        .ok()
+        .and_then(|margin| time::OffsetDateTime::now_utc().checked_add(margin));
     changes
         .enumerate()
-        .filter_map(|(i, c)| match c.validate() {
-            Ok(()) => Some(c),
-            Err(e) => {
-                tracing::warn!(topic = url, entry = i, error = %e, "invalid Change List entry skipped");
-                None
+        .filter_map(|(i, c)| {
+            let checked = c.validate().map_err(|e| e.to_string()).and_then(|()| {
+                match (c.datetime, latest) {
+                    (Some(dt), Some(latest)) if dt > latest => Err(format!(
+                        "datetime {} is more than {} in the future (--max-future)",
+                        crate::model::format_datetime(dt),
+                        humantime::format_duration(max_future)
+                    )),
+                    _ => Ok(()),
+                }
+            });
+            match checked {
+                Ok(()) => Some(c),
+                Err(e) => {
+                    tracing::warn!(topic = url, entry = i, error = %e, "invalid Change List entry skipped");
+                    None
+                }
             }
         })
         .collect()
@@ -208,6 +238,35 @@ pub async fn fetch(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn far_future_and_invalid_entries_are_skipped() {
+        let now = time::OffsetDateTime::now_utc();
+        let change = |loc: &str, ahead: time::Duration| NewChange {
+            loc: loc.into(),
+            change: crate::model::ChangeType::Created,
+            datetime: Some(now + ahead),
+            lastmod: None,
+            hash: None,
+            length: None,
+            media_type: None,
+            links: vec![],
+            source: None,
+        };
+        let kept = valid_changes(
+            "http://topic.example/",
+            [
+                change("http://a.example/now", time::Duration::ZERO),
+                change("http://a.example/soon", time::Duration::hours(1)),
+                change("http://a.example/far", time::Duration::days(3)),
+                change("not a url", time::Duration::ZERO),
+            ]
+            .into_iter(),
+            std::time::Duration::from_secs(86_400),
+        );
+        let locs: Vec<&str> = kept.iter().map(|c| c.loc.as_str()).collect();
+        assert_eq!(locs, ["http://a.example/now", "http://a.example/soon"]);
+    }
 
     #[test]
     fn sniffing() {
