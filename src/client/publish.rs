@@ -652,4 +652,24 @@ mod tests {
         )
         .is_err());
     }
+
+    /// What a scan's rerun rests on: cutting what is left after the first k requests gives
+    /// the same requests as the rest of the first cut.
+    #[test]
+    fn the_rest_of_an_input_is_cut_as_before() {
+        let lines: Vec<Vec<u8>> = (0..200).map(|i| vec![b'x'; 10 + (i * 7) % 50]).collect();
+        let refs: Vec<&[u8]> = lines.iter().map(Vec::as_slice).collect();
+        for (batch, max) in [(5, 1 << 20), (100, 300), (7, 200)] {
+            let all = split(&args(batch, max), "x", &refs).unwrap();
+            for k in 0..all.len() {
+                let start = all[k].start;
+                let rest: Vec<_> = split(&args(batch, max), "x", &refs[start..])
+                    .unwrap()
+                    .into_iter()
+                    .map(|r| r.start + start..r.end + start)
+                    .collect();
+                assert_eq!(rest, all[k..], "batch {batch}, max {max}, from {k}");
+            }
+        }
+    }
 }
