@@ -23,6 +23,7 @@ use std::io::{IsTerminal, Read};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::conn::http_client;
@@ -287,16 +288,44 @@ async fn publish_scan(
     let mut state = scan::load_state(state_path, &args.channel, &base).map_err(input)?;
     scan::check_writable(state_path).map_err(input)?;
     let found = {
-        let (dir, base, state, skip) = (
+        let hashed = Arc::new(AtomicU64::new(0));
+        let (folder, base, state, skip, counter) = (
             dir.to_path_buf(),
             base.clone(),
             state.clone(),
             state_path.clone(),
+            hashed.clone(),
         );
-        tokio::task::spawn_blocking(move || scan::scan(&dir, &base, &state, Some(&skip)))
-            .await
-            .map_err(|e| input(e.into()))?
-            .map_err(input)?
+        let mut task = tokio::task::spawn_blocking(move || {
+            scan::scan(&folder, &base, &state, Some(&skip), &counter)
+        });
+        // On a terminal, a spinner while the folder is read: hashing can take a while.
+        let spinner = std::io::stderr().is_terminal().then(|| {
+            let spinner = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+            if let Ok(style) = ProgressStyle::with_template("{spinner} scanning {prefix}: {msg}") {
+                spinner.set_style(style);
+            }
+            spinner.set_prefix(dir.display().to_string());
+            spinner.enable_steady_tick(Duration::from_millis(100));
+            spinner
+        });
+        let found = loop {
+            tokio::select! {
+                found = &mut task => break found,
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {
+                    if let Some(spinner) = &spinner {
+                        spinner.set_message(format!(
+                            "{} files hashed",
+                            hashed.load(Ordering::Relaxed)
+                        ));
+                    }
+                }
+            }
+        };
+        if let Some(spinner) = spinner {
+            spinner.finish_and_clear();
+        }
+        found.map_err(|e| input(e.into()))?.map_err(input)?
     };
     eprintln!(
         "scanned {}: {} files, {} changes since the last scan",

@@ -31,6 +31,7 @@ use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
 use time::OffsetDateTime;
 use url::Url;
@@ -213,8 +214,15 @@ fn temporary(path: &Path) -> anyhow::Result<(PathBuf, PathBuf)> {
     Ok((folder, tmp))
 }
 
-/// Compares `dir` with `state`. `skip` is a path never to publish (the state file).
-pub fn scan(dir: &Path, base: &Url, state: &State, skip: Option<&Path>) -> anyhow::Result<Scan> {
+/// Compares `dir` with `state`. `skip` is a path never to publish (the state file); `hashed`
+/// counts the files read so far (for a progress display).
+pub fn scan(
+    dir: &Path,
+    base: &Url,
+    state: &State,
+    skip: Option<&Path>,
+    hashed: &AtomicU64,
+) -> anyhow::Result<Scan> {
     let meta = std::fs::metadata(dir).with_context(|| format!("--scan {}", dir.display()))?;
     if !meta.is_dir() {
         bail!("--scan {} is not a folder", dir.display());
@@ -235,6 +243,7 @@ pub fn scan(dir: &Path, base: &Url, state: &State, skip: Option<&Path>) -> anyho
         let Some((hash, length)) = hash_file(full)? else {
             continue; // gone since it was listed
         };
+        hashed.fetch_add(1, Ordering::Relaxed);
         let record = FileState {
             size: length,
             mtime_ns: nanos(*mtime),
@@ -446,7 +455,7 @@ mod tests {
         std::os::unix::fs::symlink(root.join("a.txt"), root.join("link.txt")).unwrap();
         let base = parse_base("http://example.com/").unwrap();
         let mut state = load_state(&root.join("none.json"), "news", &base).unwrap();
-        let first = scan(root, &base, &state, None).unwrap();
+        let first = scan(root, &base, &state, None, &AtomicU64::new(0)).unwrap();
         let paths: Vec<_> = first.pending.iter().map(|p| p.path.as_str()).collect();
         assert_eq!(paths, ["a.txt", "sub/b.html"]);
         let line: serde_json::Value = serde_json::from_slice(&first.pending[0].line).unwrap();
@@ -460,12 +469,15 @@ mod tests {
         );
         let key = chain_key("news", &state.chain, b"body");
         record(&mut state, &first.pending, &key);
-        assert!(scan(root, &base, &state, None).unwrap().pending.is_empty());
+        assert!(scan(root, &base, &state, None, &AtomicU64::new(0))
+            .unwrap()
+            .pending
+            .is_empty());
 
         std::fs::write(root.join("a.txt"), "abcd").unwrap();
         std::fs::remove_file(root.join("sub/b.html")).unwrap();
         std::fs::write(root.join("c.txt"), "c").unwrap();
-        let second = scan(root, &base, &state, None).unwrap();
+        let second = scan(root, &base, &state, None, &AtomicU64::new(0)).unwrap();
         let kinds: Vec<_> = second
             .pending
             .iter()
