@@ -15,17 +15,7 @@ use time::OffsetDateTime;
 mod redis_server;
 
 fn change(loc: &str) -> NewChange {
-    NewChange {
-        loc: format!("http://example.com/{loc}"),
-        change: ChangeType::Updated,
-        datetime: None,
-        lastmod: None,
-        hash: None,
-        length: None,
-        media_type: None,
-        links: vec![],
-        source: None,
-    }
+    NewChange::new(format!("http://example.com/{loc}"), ChangeType::Updated)
 }
 
 fn changes(prefix: &str, n: usize) -> Vec<NewChange> {

@@ -243,15 +243,8 @@ mod tests {
     fn far_future_and_invalid_entries_are_skipped() {
         let now = time::OffsetDateTime::now_utc();
         let change = |loc: &str, ahead: time::Duration| NewChange {
-            loc: loc.into(),
-            change: crate::model::ChangeType::Created,
             datetime: Some(now + ahead),
-            lastmod: None,
-            hash: None,
-            length: None,
-            media_type: None,
-            links: vec![],
-            source: None,
+            ..NewChange::new(loc, crate::model::ChangeType::Created)
         };
         let kept = valid_changes(
             "http://topic.example/",

@@ -109,15 +109,8 @@ mod tests {
 
     fn change(loc: &str, at: &str) -> NewChange {
         NewChange {
-            loc: loc.into(),
-            change: ChangeType::Updated,
             datetime: Some(parse_w3c_datetime(at).unwrap()),
-            lastmod: None,
-            hash: None,
-            length: None,
-            media_type: None,
-            links: vec![],
-            source: None,
+            ..NewChange::new(loc, ChangeType::Updated)
         }
     }
 

@@ -151,6 +151,23 @@ pub enum ValidationError {
 }
 
 impl NewChange {
+    /// A change of `loc` that says nothing more (no datetime: the hub stamps it on ingest).
+    /// The other fields are set with struct update syntax:
+    /// `NewChange { hash: Some(h), ..NewChange::new(loc, ChangeType::Updated) }`.
+    pub fn new(loc: impl Into<String>, change: ChangeType) -> NewChange {
+        NewChange {
+            loc: loc.into(),
+            change,
+            datetime: None,
+            lastmod: None,
+            hash: None,
+            length: None,
+            media_type: None,
+            links: vec![],
+            source: None,
+        }
+    }
+
     /// Checks every field against the rules above (the limits of a change).
     pub fn validate(&self) -> Result<(), ValidationError> {
         check_uri(&self.loc).map_err(ValidationError::Loc)?;
@@ -348,17 +365,7 @@ mod tests {
     }
 
     fn new(loc: &str) -> NewChange {
-        NewChange {
-            loc: loc.into(),
-            change: ChangeType::Created,
-            datetime: None,
-            lastmod: None,
-            hash: None,
-            length: None,
-            media_type: None,
-            links: vec![],
-            source: None,
-        }
+        NewChange::new(loc, ChangeType::Created)
     }
 
     #[test]

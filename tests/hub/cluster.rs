@@ -515,16 +515,11 @@ async fn every_instance_feed_hears_every_notification() {
     let now = time::OffsetDateTime::now_utc;
     let batch = |tag: usize| -> Vec<changehub::model::NewChange> {
         (0..10)
-            .map(|j| changehub::model::NewChange {
-                loc: format!("http://example.com/{tag}/{j}"),
-                change: changehub::model::ChangeType::Updated,
-                datetime: None,
-                lastmod: None,
-                hash: None,
-                length: None,
-                media_type: None,
-                links: vec![],
-                source: None,
+            .map(|j| {
+                changehub::model::NewChange::new(
+                    format!("http://example.com/{tag}/{j}"),
+                    changehub::model::ChangeType::Updated,
+                )
             })
             .collect()
     };

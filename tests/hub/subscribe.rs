@@ -650,15 +650,11 @@ async fn changes_are_printed_once_in_order_through_gaps_forgeries_renewals_and_a
         let change = changehub::model::Change::from_new(
             21,
             changehub::model::NewChange {
-                loc: "http://forged.example/x".into(),
-                change: changehub::model::ChangeType::Created,
                 datetime: Some(dt),
-                lastmod: None,
-                hash: None,
-                length: None,
-                media_type: None,
-                links: vec![],
-                source: None,
+                ..changehub::model::NewChange::new(
+                    "http://forged.example/x",
+                    changehub::model::ChangeType::Created,
+                )
             },
             dt,
         );

@@ -550,15 +550,9 @@ mod tests {
             let mut c = Change::from_new(
                 seq,
                 crate::model::NewChange {
-                    loc: loc.into(),
-                    change: ChangeType::Created,
                     datetime: Some(dt),
-                    lastmod: None,
                     hash: body.map(hash::of),
-                    length: None,
-                    media_type: None,
-                    links: vec![],
-                    source: None,
+                    ..crate::model::NewChange::new(loc, ChangeType::Created)
                 },
                 dt,
             );

@@ -200,17 +200,7 @@ mod tests {
     use time::OffsetDateTime;
 
     fn change(loc: &str) -> NewChange {
-        NewChange {
-            loc: format!("http://example.com/{loc}"),
-            change: ChangeType::Updated,
-            datetime: None,
-            lastmod: None,
-            hash: None,
-            length: None,
-            media_type: None,
-            links: vec![],
-            source: None,
-        }
+        NewChange::new(format!("http://example.com/{loc}"), ChangeType::Updated)
     }
 
     /// A store written before the index existed (no index entries, `indexed` unset) gets its

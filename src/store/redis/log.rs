@@ -345,17 +345,7 @@ mod tests {
             }],
             source: None,
         };
-        let bare = NewChange {
-            loc: "http://example.com/b".into(),
-            change: ChangeType::Created,
-            datetime: None,
-            lastmod: None,
-            hash: None,
-            length: None,
-            media_type: None,
-            links: vec![],
-            source: None,
-        };
+        let bare = NewChange::new("http://example.com/b", ChangeType::Created);
         for c in [full, bare] {
             let bytes = serde_json::to_vec(&Stored::from(&c)).unwrap();
             assert_eq!(decode::<NewChange>(&bytes).unwrap(), c);
