@@ -18,13 +18,15 @@
 //! - **curl, M**: the same M GETs by curl, as above.
 //! - **disk floor**: the N files written from memory the way the mirror writes them
 //!   (temporary file, `fsync`, rename; C threads; then each folder synced): what the
-//!   durability costs on this disk, without any network.
+//!   durability costs on this disk, without any network; and the same with one thread.
 //!
 //! Every copy is checked byte for byte against the source after it is timed. Figures are
 //! resources/s, median (min–max) of the runs; ratios are taken per run, mirror / curl.
 //!
 //! Run: `cargo bench --bench mirror` (`BENCH_SCALE=0.2` for a quicker, rougher run; `BENCH_RUNS`
-//! runs per concurrency, default 3). Needs `curl` on the PATH; without it the curl figures
+//! runs per concurrency, default 3). Diagnosis: `MIRROR_STRACE='-f -c -w -o /tmp/trace-{}'` runs
+//! each subscriber under `strace` with these options (`{}` becomes `C-RUN`); the figures of
+//! such a run mean nothing. Needs `curl` on the PATH; without it the curl figures
 //! are skipped (nothing is installed). Every loop is bounded in count or by a deadline; every
 //! child process is killed when dropped.
 
@@ -204,6 +206,38 @@ async fn wait_cursor(state: &Path, seq: u64, child: &mut tokio::process::Child, 
     }
 }
 
+/// The subscriber process (or strace running it): killed when dropped, the traced
+/// subscriber first (killing strace alone would leave it running, detached).
+struct Subscriber(tokio::process::Child);
+
+impl Subscriber {
+    fn kill_tracees(&self) {
+        let Some(pid) = self.0.id() else {
+            return;
+        };
+        let children =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        for tracee in children.split_whitespace().filter_map(|p| p.parse().ok()) {
+            // SAFETY: kill(2) on a child process of ours; no memory is involved.
+            unsafe { libc::kill(tracee, libc::SIGKILL) };
+        }
+    }
+
+    /// Kills it; under strace, lets strace write its summary first (bounded).
+    async fn stop(mut self) {
+        self.kill_tracees();
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.0.wait()).await;
+        let _ = self.0.kill().await;
+    }
+}
+
+impl Drop for Subscriber {
+    fn drop(&mut self) {
+        self.kill_tracees();
+        let _ = self.0.start_kill();
+    }
+}
+
 /// Writes the files of `src` the way the mirror does (temporary file, fsync, rename), with
 /// `concurrency` threads, then syncs each folder; the time it takes.
 fn disk_floor(src: &Path, n: usize, out: &Path, concurrency: usize) -> Duration {
@@ -252,6 +286,8 @@ struct Run {
     curl_m: Option<f64>,
     mirror_incremental: f64,
     floor: f64,
+    /// The same with one thread.
+    floor_serial: f64,
 }
 
 fn rate(count: usize, took: Duration) -> f64 {
@@ -309,7 +345,27 @@ impl Setup {
         let log = scratch.join("subscriber.log");
         let (mirror_arg, state_arg) = (mirror.display().to_string(), state.display().to_string());
         let concurrency_arg = concurrency.to_string();
-        let mut cmd = changehub(&[
+        let mut cmd = changehub(&[]);
+        if let Ok(options) = std::env::var("MIRROR_STRACE") {
+            // Diagnosis only (the figures of such a run mean nothing): the subscriber under
+            // strace with these options, `{}` in them replaced by `C-RUN`.
+            cmd = tokio::process::Command::new("strace");
+            cmd.args(
+                options
+                    .replace("{}", &format!("{concurrency}-{run}"))
+                    .split_whitespace(),
+            )
+            .arg(env!("CARGO_BIN_EXE_changehub"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .kill_on_drop(true);
+            for (var, _) in std::env::vars() {
+                if var.starts_with("CHANGEHUB_") {
+                    cmd.env_remove(var);
+                }
+            }
+        }
+        cmd.args([
             "subscribe",
             &self.topic,
             "--via",
@@ -326,14 +382,14 @@ impl Setup {
         ]);
         cmd.stderr(Stdio::from(std::fs::File::create(&log).unwrap()));
         let started = Instant::now();
-        let mut child = cmd.spawn().unwrap();
-        wait_cursor(&state, 1, &mut child, &log).await;
+        let mut child = Subscriber(cmd.spawn().unwrap());
+        wait_cursor(&state, 1, &mut child.0, &log).await;
         let took = started.elapsed();
         figures.mirror_baseline = rate(n, took);
         let text = std::fs::read_to_string(&log).unwrap();
         let line = text
             .lines()
-            .find(|l| l.starts_with("baseline: "))
+            .find(|l| l.starts_with("baseline: ") && l.contains(" resources at seq "))
             .unwrap_or_else(|| panic!("no baseline line: {text}"));
         assert!(
             line.starts_with(&format!("baseline: {n} resources")) && line.contains(", 0 pending"),
@@ -378,9 +434,9 @@ impl Setup {
         assert_eq!(response.status(), 202);
         let answer: serde_json::Value = response.json().await.unwrap();
         let last = answer["last"].as_u64().expect("the hub's last seq");
-        wait_cursor(&state, last, &mut child, &log).await;
+        wait_cursor(&state, last, &mut child.0, &log).await;
         figures.mirror_incremental = rate(m, started.elapsed());
-        child.kill().await.unwrap();
+        child.stop().await;
         check_copy(
             &self.src,
             &mirror,
@@ -401,6 +457,12 @@ impl Setup {
             .await
             .unwrap();
         figures.floor = rate(n, took);
+        let out = scratch.join("floor-serial");
+        let src = self.src.clone();
+        let took = tokio::task::spawn_blocking(move || disk_floor(&src, n, &out, 1))
+            .await
+            .unwrap();
+        figures.floor_serial = rate(n, took);
         std::fs::remove_dir_all(&scratch).unwrap();
         figures
     }
@@ -446,6 +508,11 @@ fn print_table(n: usize, m: usize, concurrency: usize, runs: &[Run]) {
         &format!("disk floor: {n} temp+fsync+rename, {concurrency} threads"),
         col(|r| Some(r.floor)),
         col(|r| Some(r.floor / r.curl_n?)),
+    );
+    row(
+        &format!("disk floor: {n} temp+fsync+rename, 1 thread"),
+        col(|r| Some(r.floor_serial)),
+        col(|r| Some(r.floor_serial / r.curl_n?)),
     );
 }
 
