@@ -8,11 +8,32 @@ use sha2::{Digest, Sha256, Sha512};
 
 /// The `hash` value a source gives for `bytes`: `md5:… sha-256:…`.
 pub fn of(bytes: &[u8]) -> String {
-    format!(
-        "md5:{} sha-256:{}",
-        hex::encode(Md5::digest(bytes)),
-        hex::encode(Sha256::digest(bytes))
-    )
+    let mut hasher = Hasher::default();
+    hasher.update(bytes);
+    hasher.finish()
+}
+
+/// [`of`] for bytes that come in pieces (a file read in chunks).
+#[derive(Default)]
+pub struct Hasher {
+    md5: Md5,
+    sha256: Sha256,
+}
+
+impl Hasher {
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.md5.update(bytes);
+        self.sha256.update(bytes);
+    }
+
+    /// `md5:… sha-256:…`.
+    pub fn finish(self) -> String {
+        format!(
+            "md5:{} sha-256:{}",
+            hex::encode(self.md5.finalize()),
+            hex::encode(self.sha256.finalize())
+        )
+    }
 }
 
 /// Checks `bytes` against a `hash` value: every algorithm it names that is known here must

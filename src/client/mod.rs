@@ -9,7 +9,8 @@
 //! - [`subscribe`]: `changehub subscribe`, a destination: follows a topic over WebSub
 //!   callbacks or the websocket, fills gaps from the hub's log, keeps a crash-safe cursor,
 //!   prints changes as NDJSON or keeps a mirror of the resources (and audits it).
-//! - [`hash`]: the ResourceSync `hash` of a resource's bytes, computed and checked.
+//! - [`hash`]: the ResourceSync `hash` of a resource's bytes, computed and checked;
+//!   [`files`]: files written atomically and durably (the state files, the mirror).
 //! - [`healthcheck`]: `changehub healthcheck`, exit status from the hub's `/readyz`.
 //!
 //! Nothing here is used by the server, and nothing here uses the server's modules beyond the
@@ -17,6 +18,7 @@
 //! documents ([`crate::resourcesync`]) and HTTP as a protocol ([`crate::net`]).
 
 pub mod conn;
+pub mod files;
 pub mod hash;
 pub mod healthcheck;
 pub mod publish;

@@ -25,17 +25,18 @@
 //! state, same files), and the hub answers it without appending it twice.
 
 use anyhow::{bail, Context};
-use md5::Md5;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
 use time::OffsetDateTime;
 use url::Url;
 
+use super::files;
+use super::hash::Hasher;
 use crate::model::{ChangeType, NewChange};
 
 /// The state file: what the last scan saw.
@@ -167,51 +168,19 @@ pub fn load_state(path: &Path, channel: &str, base: &Url) -> anyhow::Result<Stat
     Ok(state)
 }
 
-/// Writes the state atomically: a hidden temporary file beside it, fsync, rename over it,
-/// fsync of the folder. A crash leaves either the old state or the new one.
+/// Writes the state atomically and durably ([`files::write_atomically`]): a crash leaves
+/// either the old state or the new one.
 pub fn save_state(path: &Path, state: &State) -> anyhow::Result<()> {
-    let (folder, tmp) = temporary(path)?;
-    let write = || -> std::io::Result<()> {
-        let mut bytes = serde_json::to_vec(state)?;
-        bytes.push(b'\n');
-        let mut file = std::fs::File::create(&tmp)?;
-        file.write_all(&bytes)?;
-        file.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        std::fs::File::open(&folder)?.sync_all()
-    };
-    write().with_context(|| format!("writing the state file {}", path.display()))
+    let mut bytes = serde_json::to_vec(state)?;
+    bytes.push(b'\n');
+    files::write_atomically(path, &bytes)
+        .with_context(|| format!("writing the state file {}", path.display()))
 }
 
 /// Fails unless the state file can be written: checked before anything is published, so
 /// that a bad `--state` does not publish changes it cannot record.
 pub fn check_writable(path: &Path) -> anyhow::Result<()> {
-    let (folder, tmp) = temporary(path)?;
-    let check = || -> std::io::Result<()> {
-        std::fs::File::create(&tmp)?;
-        std::fs::remove_file(&tmp)
-    };
-    check().with_context(|| {
-        format!(
-            "--state {}: cannot write in {}",
-            path.display(),
-            folder.display()
-        )
-    })
-}
-
-/// The folder of the state file and the temporary file beside it.
-fn temporary(path: &Path) -> anyhow::Result<(PathBuf, PathBuf)> {
-    let name = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .with_context(|| format!("--state {} must name a file", path.display()))?;
-    let folder = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let tmp = folder.join(format!(".{name}.tmp"));
-    Ok((folder, tmp))
+    files::check_writable(path).with_context(|| format!("--state {}", path.display()))
 }
 
 /// Compares `dir` with `state`. `skip` is a path never to publish (the state file); `hashed`
@@ -368,7 +337,7 @@ fn hash_file(path: &Path) -> anyhow::Result<Option<(String, u64)>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
     };
-    let (mut md5, mut sha) = (Md5::new(), Sha256::new());
+    let mut hasher = Hasher::default();
     let mut buf = vec![0; 256 << 10];
     let mut length = 0u64;
     loop {
@@ -378,18 +347,10 @@ fn hash_file(path: &Path) -> anyhow::Result<Option<(String, u64)>> {
         if n == 0 {
             break;
         }
-        md5.update(&buf[..n]);
-        sha.update(&buf[..n]);
+        hasher.update(&buf[..n]);
         length += n as u64;
     }
-    Ok(Some((
-        format!(
-            "md5:{} sha-256:{}",
-            hex::encode(md5.finalize()),
-            hex::encode(sha.finalize())
-        ),
-        length,
-    )))
+    Ok(Some((hasher.finish(), length)))
 }
 
 fn nanos(t: SystemTime) -> i128 {

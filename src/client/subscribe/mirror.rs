@@ -24,7 +24,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::client::hash;
+use crate::client::{hash, scan};
 use crate::model::{Change, ChangeType};
 use crate::retry::backoff;
 
@@ -41,7 +41,7 @@ const FETCH_TIMEOUT: Duration = Duration::from_secs(300);
 /// The local copy.
 pub struct Mirror {
     dir: PathBuf,
-    base: Option<String>,
+    base: Option<url::Url>,
     client: reqwest::Client,
     concurrency: usize,
     /// The state file, when it lies inside DIR (the audit ignores it).
@@ -114,61 +114,50 @@ impl Mirror {
             b"This folder is a mirror kept by changehub subscribe.\n",
         )
         .with_context(|| format!("the mirror folder {} is not writable", dir.display()))?;
-        if let Some(base) = base {
-            let url = url::Url::parse(base).with_context(|| format!("--base-url {base:?}"))?;
-            anyhow::ensure!(
-                matches!(url.scheme(), "http" | "https"),
-                "--base-url {base:?} is not an http(s) URL"
-            );
-        }
+        let base = base.map(scan::parse_base).transpose()?;
         let dir = std::fs::canonicalize(dir)?;
-        let state_file = std::fs::canonicalize(super::state::folder_of(state_file))
+        let state_file = std::fs::canonicalize(crate::client::files::folder_of(state_file))
             .ok()
             .and_then(|folder| Some(folder.join(state_file.file_name()?)))
             .filter(|p| p.starts_with(&dir));
         Ok(Mirror {
             dir,
-            base: base.map(|b| format!("{}/", b.trim_end_matches('/'))),
+            base,
             client,
             concurrency: concurrency.max(1),
             state_file,
         })
     }
 
-    /// The path of `loc` under DIR, relative, or why it has none.
+    /// The path of `loc` under DIR, relative, or why it has none: what `publish --scan`
+    /// does, backwards ([`scan::relative_path`]), under `--base-url` or else under
+    /// `HOST[_PORT]/`.
     pub fn relative_path(&self, loc: &str) -> Result<PathBuf, String> {
-        let rest = match &self.base {
-            Some(base) => loc
-                .strip_prefix(base.as_str())
-                .ok_or_else(|| format!("not under --base-url {base}"))?
-                .to_string(),
+        let (base, folder) = match &self.base {
+            Some(base) => (base.clone(), PathBuf::new()),
             None => {
-                let url = url::Url::parse(loc).map_err(|e| format!("not a URL: {e}"))?;
+                let mut url = url::Url::parse(loc).map_err(|e| format!("not a URL: {e}"))?;
                 let host = url.host_str().ok_or("no host")?.replace(':', "_");
-                let host = match url.port() {
+                let folder = match url.port() {
                     Some(port) => format!("{host}_{port}"),
                     None => host,
                 };
-                format!("{host}{}", url.path())
+                url.set_path("/");
+                url.set_query(None);
+                url.set_fragment(None);
+                (url, PathBuf::from(folder))
             }
         };
-        if rest.contains(['?', '#']) {
-            return Err("a query or fragment has no file name".into());
+        let relative = scan::relative_path(&base, loc).ok_or_else(|| {
+            format!("no file name under {base} (a query, an empty, . or .. segment, a trailing /)")
+        })?;
+        if relative
+            .split('/')
+            .any(|name| name.starts_with(TEMP_PREFIX))
+        {
+            return Err("the name of a temporary file of the mirror".into());
         }
-        let mut path = PathBuf::new();
-        for segment in rest.split('/') {
-            let name = percent_encoding::percent_decode_str(segment)
-                .decode_utf8()
-                .map_err(|_| "a segment that is not UTF-8 once decoded".to_string())?;
-            if name.is_empty() || name == "." || name == ".." {
-                return Err(format!("segment {segment:?} names no file"));
-            }
-            if name.contains(['/', '\\', '\0']) || name.starts_with(TEMP_PREFIX) {
-                return Err(format!("segment {segment:?} is not a safe file name"));
-            }
-            path.push(name.as_ref());
-        }
-        Ok(path)
+        Ok(folder.join(relative))
     }
 
     /// Applies changes (the newest per `loc` wins; they come in seq order): fetches, writes,
@@ -203,7 +192,7 @@ impl Mirror {
                 match std::fs::remove_file(&path) {
                     Ok(()) => {
                         applied.removed += 1;
-                        touched.insert(super::state::folder_of(&path));
+                        touched.insert(crate::client::files::folder_of(&path));
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                     Err(e) => {
@@ -228,7 +217,7 @@ impl Mirror {
             match result {
                 Ok(()) => {
                     applied.fetched += 1;
-                    touched.insert(super::state::folder_of(&path));
+                    touched.insert(crate::client::files::folder_of(&path));
                 }
                 Err(why) => {
                     eprintln!(
@@ -241,7 +230,7 @@ impl Mirror {
             }
         }
         for folder in touched {
-            if let Err(e) = super::state::sync_folder(&folder) {
+            if let Err(e) = crate::client::files::sync_folder(&folder) {
                 eprintln!("mirror: cannot sync {}: {e}", folder.display());
             }
         }
@@ -422,7 +411,7 @@ impl Mirror {
 
 /// Writes `bytes` at `path` through a synced temporary file and a rename.
 fn write_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let folder = super::state::folder_of(path);
+    let folder = crate::client::files::folder_of(path);
     std::fs::create_dir_all(&folder)?;
     let name = path
         .file_name()

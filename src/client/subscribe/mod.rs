@@ -199,7 +199,7 @@ async fn follow(
     };
     let (reader, mirror) = open(&args).await?;
     let client = reader.client().clone();
-    State::check_writable(&args.state)?;
+    super::files::check_writable(&args.state)?;
     let state = State::load(&args.state, &reader.topic.url)?;
     eprintln!(
         "topic {} (hub {}), cursor {}",

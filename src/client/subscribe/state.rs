@@ -5,8 +5,8 @@
 //! subscription and still checks deliveries signed before it stopped), whether the mirror's
 //! baseline is done, and the mirror's fetches that have not succeeded yet.
 //!
-//! [`State::save`] writes a temporary file beside it, syncs it, renames it over the old one and
-//! syncs the folder: after a crash — even SIGKILL or a power cut — the file is either the old
+//! [`State::save`] writes it with [`write_atomically`] (a temporary file beside it, synced,
+//! renamed over the old one, the folder synced): after a crash — even SIGKILL or a power cut — the file is either the old
 //! state or the new one, never a mix. The cursor is saved only after what it covers has been
 //! printed and flushed (and, with a mirror, written to disk), so a restart resumes exactly
 //! after the last change applied.
@@ -14,9 +14,9 @@
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
+use crate::client::files::write_atomically;
 use crate::model::Change;
 
 /// The version of the file's layout.
@@ -93,60 +93,6 @@ impl State {
         let bytes = serde_json::to_vec_pretty(self).context("encoding the state")?;
         write_atomically(path, &bytes).with_context(|| format!("saving {}", path.display()))
     }
-
-    /// Checks that the state file can be written where it is asked for, before anything
-    /// else happens.
-    pub fn check_writable(path: &Path) -> anyhow::Result<()> {
-        let dir = folder_of(path);
-        anyhow::ensure!(
-            dir.is_dir(),
-            "the folder of the state file, {}, does not exist",
-            dir.display()
-        );
-        let probe = temp_path(path);
-        std::fs::write(&probe, b"")
-            .and_then(|()| std::fs::remove_file(&probe))
-            .with_context(|| format!("cannot write the state file in {}", dir.display()))
-    }
-}
-
-/// The folder a file is in (`.` for a bare name).
-pub fn folder_of(path: &Path) -> PathBuf {
-    match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    }
-}
-
-/// The temporary file written before the rename: hidden, beside the target, named after it.
-pub fn temp_path(path: &Path) -> PathBuf {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    folder_of(path).join(format!(".{name}.changehub-tmp"))
-}
-
-/// Writes `bytes` to a temporary file beside `path`, syncs it, renames it to `path` and syncs
-/// the folder: readers and crashes see the old file or the new one. Only the owner may read
-/// it (it holds the subscription's secret).
-pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let temp = temp_path(path);
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    let mut file = options.open(&temp)?;
-    file.write_all(bytes)?;
-    file.sync_all()?;
-    drop(file);
-    std::fs::rename(&temp, path)?;
-    sync_folder(&folder_of(path))
-}
-
-/// Makes renames and removals in `dir` durable.
-pub fn sync_folder(dir: &Path) -> std::io::Result<()> {
-    std::fs::File::open(dir)?.sync_all()
 }
 
 #[cfg(test)]
@@ -166,12 +112,9 @@ mod tests {
         state.started = true;
         state.save(&path).unwrap();
         assert_eq!(State::load(&path, topic).unwrap(), state);
-        assert!(!temp_path(&path).exists());
         let other = State::load(&path, "http://hub/channels/other/changelist.xml");
         assert!(other.unwrap_err().to_string().contains("another topic"));
         std::fs::write(&path, b"not json").unwrap();
         assert!(State::load(&path, topic).is_err());
-        assert!(State::check_writable(&dir.path().join("missing/state.json")).is_err());
-        assert!(State::check_writable(&path).is_ok());
     }
 }
