@@ -49,8 +49,20 @@ pub async fn post_changes(
         }
     };
 
-    let bytes =
-        super::read_body(body, state.config.max_body, state.config.http.body_timeout).await?;
+    let max_body = state.config.max_body;
+    let bytes = super::read_body(body, max_body, state.config.http.body_timeout)
+        .await
+        .map_err(|e| match e.status {
+            StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
+                e.status,
+                format!(
+                    "the body is larger than --max-body ({max_body} bytes), or was cut off: send \
+                     fewer changes per request (changehub publish splits a file for you) or \
+                     start the hub with a larger --max-body"
+                ),
+            ),
+            _ => e,
+        })?;
     let appended = ingest::accept(
         state.store.as_ref(),
         &name,

@@ -185,6 +185,11 @@ pub fn parse_body(
     body: &[u8],
     max_entries: usize,
 ) -> Result<Vec<NewChange>, BodyError> {
+    if body.starts_with(&[0x1f, 0x8b]) {
+        return Err(BodyError::whole(
+            "the body is gzip-compressed: send it with Content-Encoding: gzip",
+        ));
+    }
     let changes = match format {
         Format::Json => {
             let value =
@@ -275,6 +280,16 @@ mod tests {
         assert_eq!(parse_body(Format::Json, arr, 10).unwrap().len(), 2);
         let c = parse_body(Format::Json, env, 10).unwrap();
         assert_eq!(c[0].links[0].attrs["type"], "text/html");
+    }
+
+    #[test]
+    fn a_compressed_body_without_its_encoding_is_named_as_such() {
+        // What `gzip` makes of one NDJSON line: the magic bytes 1f 8b come first.
+        let gzipped = [0x1f, 0x8b, 0x08, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x03];
+        for format in [Format::Json, Format::NdJson, Format::Xml] {
+            let e = parse_body(format, &gzipped, 10).unwrap_err();
+            assert!(e.reason.contains("Content-Encoding: gzip"), "{}", e.reason);
+        }
     }
 
     #[test]

@@ -230,7 +230,7 @@ async fn bad_ingest_requests_are_refused_and_store_nothing() {
             "oversized body",
             format!("[{}]", vec![GOOD; 2000].join(",")),
             413,
-            "larger than",
+            "larger than --max-body",
         ),
         Case {
             token: None,
