@@ -10,6 +10,7 @@
 
 use bytes::Bytes;
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{broadcast, watch};
@@ -65,6 +66,9 @@ pub struct ChannelFeed {
     published: watch::Sender<u64>,
     recent: Mutex<VecDeque<Arc<Notification>>>,
     live: broadcast::Sender<Arc<Notification>>,
+    /// Notifications delivered to callbacks (answered 2xx) by this instance since it started:
+    /// the dashboard's deliveries/s.
+    delivered: AtomicU64,
 }
 
 impl ChannelFeed {
@@ -75,6 +79,7 @@ impl ChannelFeed {
             published: watch::channel(0).0,
             recent: Mutex::new(VecDeque::with_capacity(RECENT)),
             live: broadcast::channel(1024).0,
+            delivered: AtomicU64::new(0),
         }
     }
 
@@ -104,6 +109,16 @@ impl ChannelFeed {
     /// from the log).
     pub fn live(&self) -> broadcast::Receiver<Arc<Notification>> {
         self.live.subscribe()
+    }
+
+    /// Counts one notification delivered to a callback (a delivery worker's 2xx).
+    pub fn count_delivered(&self) {
+        self.delivered.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Notifications delivered to callbacks by this instance since it started.
+    pub fn delivered(&self) -> u64 {
+        self.delivered.load(Ordering::Relaxed)
     }
 
     /// A recently published notification that starts at `first`, if still cached.

@@ -1,9 +1,12 @@
 //! The dashboard in a real browser: headless Chromium driven over WebDriver (chromedriver)
-//! loads the page from the hub, changes are pushed, and the test sees them appear in the page.
-//! A screenshot is saved to `target/tmp/dashboard.png`.
+//! loads the page from the hub, changes are pushed, and the tests see the page follow: new
+//! rows, the filter, the rate chart from the hub's counters, subscriptions sorted worst first
+//! (a failing callback turns red), a wrong admin token's message, the view of one channel,
+//! and the change table pausing while scrolled. Screenshots at 1280 and 375 px wide are saved
+//! to `target/tmp/` (`dashboard.png`, `dashboard-1280.png`, `dashboard-375.png`).
 //!
 //! Needs Debian's `chromium` and `chromium-driver` (`.ci/run` installs them). Without them the
-//! test fails under CI (`CI` set) and is skipped with a message elsewhere.
+//! tests fail under CI (`CI` set) and are skipped with a message elsewhere.
 
 #[path = "common/mod.rs"]
 mod common;
@@ -84,14 +87,85 @@ struct Session<'a> {
     id: String,
 }
 
-impl Session<'_> {
-    async fn script(&self, script: &str) -> Value {
+impl<'a> Session<'a> {
+    /// A new headless Chromium window (1280×900) at `url`.
+    async fn open(driver: &'a Driver, profile: &std::path::Path, url: &str) -> Session<'a> {
+        let caps = json!({"capabilities": {"alwaysMatch": {
+            "browserName": "chrome",
+            "goog:chromeOptions": {
+                "binary": CHROMIUM,
+                "args": [
+                    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                    "--disable-quic", "--no-first-run", "--disable-background-networking",
+                    "--disable-component-update", "--disable-sync", "--window-size=1280,900",
+                    format!("--user-data-dir={}", profile.display()),
+                ]
+            }
+        }}});
+        let created = driver
+            .call(reqwest::Method::POST, "/session", Some(caps))
+            .await;
+        let session = Session {
+            driver,
+            id: created["sessionId"].as_str().unwrap().to_string(),
+        };
+        session.post("url", json!({ "url": url })).await;
+        session
+    }
+
+    async fn post(&self, what: &str, body: Value) -> Value {
         self.driver
             .call(
                 reqwest::Method::POST,
-                &format!("/session/{}/execute/sync", self.id),
-                Some(json!({"script": script, "args": []})),
+                &format!("/session/{}/{what}", self.id),
+                Some(body),
             )
+            .await
+    }
+
+    async fn close(self) {
+        self.driver
+            .call(
+                reqwest::Method::DELETE,
+                &format!("/session/{}", self.id),
+                None,
+            )
+            .await;
+    }
+
+    /// Makes the page's viewport `width`×`height` CSS pixels, as a phone's when `mobile`
+    /// (through the DevTools protocol: a window cannot be made that narrow).
+    async fn viewport(&self, width: u32, height: u32, mobile: bool) {
+        self.post(
+            "goog/cdp/execute",
+            json!({"cmd": "Emulation.setDeviceMetricsOverride", "params": {
+                "width": width, "height": height, "deviceScaleFactor": 1, "mobile": mobile,
+            }}),
+        )
+        .await;
+    }
+
+    /// Saves a screenshot of the window as `target/tmp/{name}`.
+    async fn screenshot(&self, name: &str) {
+        let png = self
+            .driver
+            .call(
+                reqwest::Method::GET,
+                &format!("/session/{}/screenshot", self.id),
+                None,
+            )
+            .await;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(png.as_str().unwrap())
+            .unwrap();
+        assert!(bytes.starts_with(b"\x89PNG"));
+        let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+        std::fs::write(&path, bytes).unwrap();
+        eprintln!("screenshot: {}", path.display());
+    }
+
+    async fn script(&self, script: &str) -> Value {
+        self.post("execute/sync", json!({"script": script, "args": []}))
             .await
     }
 
@@ -132,32 +206,7 @@ async fn dashboard_shows_changes_live() {
 
     let driver = Driver::start().await;
     let profile = tempfile::tempdir().unwrap();
-    let caps = json!({"capabilities": {"alwaysMatch": {
-        "browserName": "chrome",
-        "goog:chromeOptions": {
-            "binary": CHROMIUM,
-            "args": [
-                "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--disable-quic", "--no-first-run", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync", "--window-size=1280,900",
-                format!("--user-data-dir={}", profile.path().display()),
-            ]
-        }
-    }}});
-    let created = driver
-        .call(reqwest::Method::POST, "/session", Some(caps))
-        .await;
-    let session = Session {
-        driver: &driver,
-        id: created["sessionId"].as_str().unwrap().to_string(),
-    };
-    driver
-        .call(
-            reqwest::Method::POST,
-            &format!("/session/{}/url", session.id),
-            Some(json!({"url": format!("{}/", hub.url)})),
-        )
-        .await;
+    let session = Session::open(&driver, profile.path(), &format!("{}/", hub.url)).await;
 
     // The page connects, replays the recent changes and goes live.
     session
@@ -212,26 +261,228 @@ async fn dashboard_shows_changes_live() {
         .await;
     assert_eq!(filtered[0], "http://example.com/live/banana");
 
-    let png = driver
-        .call(
-            reqwest::Method::GET,
-            &format!("/session/{}/screenshot", session.id),
-            None,
-        )
-        .await;
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(png.as_str().unwrap())
-        .unwrap();
-    assert!(bytes.starts_with(b"\x89PNG"));
-    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard.png");
-    std::fs::write(&path, bytes).unwrap();
-    eprintln!("screenshot: {}", path.display());
+    session.screenshot("dashboard.png").await;
+    session.close().await;
+}
 
-    driver
-        .call(
-            reqwest::Method::DELETE,
-            &format!("/session/{}", session.id),
-            None,
+/// Pushes `n` created changes to `channel`; asserts 202.
+async fn push_to(hub: &TestHub, channel: &str, token: &str, prefix: &str, n: usize) {
+    let changes: Vec<_> = (0..n)
+        .map(|i| json!({"loc": format!("http://example.com/{prefix}/{i}"), "change": "created"}))
+        .collect();
+    let resp = hub
+        .client
+        .post(format!("{}/channels/{channel}/changes", hub.url))
+        .bearer_auth(token)
+        .json(&changes)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 202);
+}
+
+/// Submits the admin token form with `token`.
+async fn give_token(session: &Session<'_>, token: &str) {
+    session
+        .script(&format!(
+            "document.querySelector('#admin-token').value = {}; document.querySelector('#token-form').requestSubmit(); return true",
+            json!(token)
+        ))
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_for_an_operator() {
+    if !browser_available() {
+        return;
+    }
+    let hub = TestHub::start(|c| {
+        c.linger = Duration::from_millis(10);
+        *c = c.clone().with_channel("other", "other-token");
+    })
+    .await;
+    hub.push("before", 3).await;
+    push_to(&hub, "other", "other-token", "elsewhere", 2).await;
+    // Two callbacks; the one whose URL sorts last will fail.
+    let one = Receiver::start(Behaviour::default()).await;
+    let two = Receiver::start(Behaviour::default()).await;
+    let (ok, bad) = if one.url < two.url {
+        (one, two)
+    } else {
+        (two, one)
+    };
+    for r in [&ok, &bad] {
+        hub.subscribe(&r.url, &[]).await;
+        hub.wait_subscribed(&r.url).await;
+    }
+
+    let driver = Driver::start().await;
+    let profile = tempfile::tempdir().unwrap();
+    let session = Session::open(&driver, profile.path(), &format!("{}/", hub.url)).await;
+    session
+        .wait_script(
+            "the page to be live",
+            "return document.querySelector('#state').textContent",
+            |v| v == "live",
         )
         .await;
+
+    // A wrong admin token says so, and shows no subscriptions.
+    give_token(&session, "not-the-token").await;
+    session
+        .wait_script(
+            "the wrong token's message",
+            "return document.querySelector('#subs-message').textContent",
+            |v| v.as_str().is_some_and(|t| t.contains("Wrong admin token")),
+        )
+        .await;
+    let rows = session
+        .script("return document.querySelectorAll('#subscriptions tbody tr').length")
+        .await;
+    assert_eq!(rows, 0);
+
+    // The right one lists both subscriptions, healthy, in callback order.
+    give_token(&session, ADMIN).await;
+    let subs = "return [...document.querySelectorAll('#subscriptions tbody tr')].map(r => [r.dataset.callback, r.dataset.health, getComputedStyle(r.querySelector('.badge')).backgroundColor])";
+    let healthy = session
+        .wait_script("two healthy subscriptions", subs, |v| {
+            v.as_array()
+                .is_some_and(|a| a.len() == 2 && a.iter().all(|r| r[1] == "healthy"))
+        })
+        .await;
+    assert_eq!(healthy[1][0], bad.url.as_str(), "{healthy}");
+
+    // The rate chart counts from the hub's counters: the 3 replayed rows are no change per
+    // second, even once the chart has samples.
+    let chart = "const c = document.querySelector('#charts figure[data-channel=\"news\"]'); return c && [c.querySelector('[data-now=\"last\"]').textContent, c.querySelector('polyline.last').getAttribute('points'), c.querySelector('[data-now=\"delivered\"]').textContent, c.querySelector('[data-type=\"created\"]').textContent]";
+    let idle = session
+        .wait_script("the chart's first rates", chart, |v| {
+            v[1].as_str().is_some_and(|p| !p.is_empty())
+        })
+        .await;
+    assert_eq!(idle[0], "0.0", "replayed rows are not a rate: {idle}");
+    let replayed = session
+        .script("return document.querySelectorAll('#changes tbody tr[data-seq]').length")
+        .await;
+    assert_eq!(replayed, 5, "3 + 2 replayed rows");
+
+    // Changes pushed now make the chart rise; the healthy callback's deliveries too.
+    bad.set_behaviour(|b| b.post_status = reqwest::StatusCode::INTERNAL_SERVER_ERROR);
+    for i in 0..4 {
+        push_to(&hub, "news", TOKEN, &format!("live{i}"), 10).await;
+    }
+    ok.wait_seq(43, Duration::from_secs(10)).await;
+    let busy = session
+        .wait_script("the chart to rise", chart, |v| {
+            let rising = |s: &Value| s.as_str().and_then(|s| s.parse::<f64>().ok()) > Some(0.0);
+            // Some point of the changes line above the bottom (y < 120).
+            let above = v[1].as_str().is_some_and(|p| {
+                p.split(' ')
+                    .filter_map(|xy| xy.split(',').nth(1)?.parse::<f64>().ok())
+                    .any(|y| y < 119.0)
+            });
+            rising(&v[0]) && rising(&v[2]) && above
+        })
+        .await;
+    assert_eq!(busy[3], "created 40", "live changes by type: {busy}");
+
+    // The failing callback turns red and sorts first.
+    let failing = session
+        .wait_script("the failing subscription first", subs, |v| {
+            v[0][1] == "failing" && v[1][1] == "healthy"
+        })
+        .await;
+    assert_eq!(failing[0][0], bad.url.as_str(), "{failing}");
+    assert_eq!(failing[0][2], "rgb(194, 28, 44)", "red: {failing}");
+    let message = session
+        .script("return document.querySelector('#subs-message').textContent")
+        .await;
+    assert!(
+        message.as_str().is_some_and(|m| m.contains("1 failing")),
+        "{message}"
+    );
+    session.viewport(1280, 1800, false).await;
+    session.screenshot("dashboard-1280.png").await;
+
+    // The view of one channel: its facts and documents, the table and charts filtered to it.
+    session
+        .script(
+            "document.querySelector('#channels button[data-open=\"news\"]').click(); return true",
+        )
+        .await;
+    let facts = "const d = document.querySelector('#detail'); return d.hidden ? null : Object.fromEntries([...d.querySelectorAll('[data-fact]')].map(e => [e.dataset.fact, e.textContent]).concat([...d.querySelectorAll('[data-link]')].map(a => [a.dataset.link, a.href])))";
+    let shown = session
+        .wait_script("the channel view", facts, |v| v["head"] == "43")
+        .await;
+    assert_eq!(shown["topic"], hub.topic().as_str(), "{shown}");
+    assert_eq!(shown["subscribers"], "2", "{shown}");
+    assert_eq!(shown["oldest"], "1", "{shown}");
+    assert!(
+        shown["epoch"]
+            .as_str()
+            .is_some_and(|e| e.len() == 16 && e.chars().all(|c| c.is_ascii_hexdigit())),
+        "{shown}"
+    );
+    assert!(
+        shown["retention"]
+            .as_str()
+            .is_some_and(|r| r.contains("changes")),
+        "{shown}"
+    );
+    for (link, path) in [
+        ("topic", "/channels/news/changelist.xml"),
+        ("archive", "/channels/news/changelist-archive.xml"),
+        ("resource_list", "/channels/news/resourcelist.xml"),
+    ] {
+        assert_eq!(shown[link], format!("{}{path}", hub.url), "{shown}");
+    }
+    let channels_shown = "return [...new Set([...document.querySelectorAll('#changes tbody tr[data-seq]')].map(r => r.children[1].textContent))].concat([...document.querySelectorAll('#charts figure')].map(f => 'chart:' + f.dataset.channel))";
+    session
+        .wait_script("only news in the channel view", channels_shown, |v| {
+            *v == json!(["news", "chart:news"])
+        })
+        .await;
+
+    // The change table pauses while scrolled, and resumes on request.
+    session
+        .script("document.querySelector('#changes-scroll').scrollTop = 200; return true")
+        .await;
+    session
+        .wait_script(
+            "the pause",
+            "return document.querySelector('#paused').hidden",
+            |v| v == false,
+        )
+        .await;
+    let top = "return document.querySelector('#changes tbody tr[data-seq]').dataset.seq";
+    let before = session.script(top).await;
+    push_to(&hub, "news", TOKEN, "while-paused", 5).await;
+    session
+        .wait_script(
+            "the count of new changes",
+            "return document.querySelector('#pending-count').textContent",
+            |v| v == "5",
+        )
+        .await;
+    assert_eq!(session.script(top).await, before, "paused: no new rows");
+    session
+        .script("document.querySelector('#resume').click(); return true")
+        .await;
+    session
+        .wait_script("the newest row after resuming", top, |v| v == "48")
+        .await;
+
+    session.viewport(375, 2400, true).await;
+    let width = session
+        .script("return document.documentElement.clientWidth")
+        .await;
+    assert_eq!(width, 375);
+    let overflow = session
+        .script(
+            "return document.documentElement.scrollWidth - document.documentElement.clientWidth",
+        )
+        .await;
+    assert_eq!(overflow, 0, "nothing wider than the phone's screen");
+    session.screenshot("dashboard-375.png").await;
+    session.close().await;
 }

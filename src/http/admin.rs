@@ -13,7 +13,7 @@ use time::OffsetDateTime;
 use super::{ApiError, AppState};
 use crate::external::{self, ContentRetry};
 use crate::hosted::Declared;
-use crate::model::{ChannelSpec, PendingDelivery, Publisher, Retention};
+use crate::model::{ChannelSpec, DeliveryState, PendingDelivery, Publisher, Retention};
 use crate::store::ClusterEvent;
 
 fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
@@ -306,6 +306,12 @@ struct SubscriptionView {
     cursor: u64,
     /// Changes published but not yet delivered.
     lag: u64,
+    /// How old the oldest undelivered change is (by its datetime), in seconds; 0 when
+    /// caught up.
+    lag_seconds: u64,
+    /// `healthy`, `retrying` (a delivery failed, fewer than 3 attempts), `failing` (3
+    /// attempts or more) or `given_up` (the last payload was given up).
+    health: &'static str,
     pending: Option<PendingDelivery>,
     /// External generic topics: the content delivery being retried.
     pending_content: Option<ContentRetry>,
@@ -341,6 +347,17 @@ pub async fn subscriptions(
             .feed(&sub.channel)
             .map(|f| f.published_seq())
             .unwrap_or(0);
+        let lag = published.saturating_sub(delivery.cursor);
+        let lag_seconds = if lag == 0 {
+            0
+        } else {
+            let oldest = state.store.read(&sub.channel, delivery.cursor, 1).await?;
+            oldest.first().map_or(0, |c| {
+                (OffsetDateTime::now_utc() - c.datetime)
+                    .whole_seconds()
+                    .max(0) as u64
+            })
+        };
         out.push(SubscriptionView {
             id: sub.id.clone(),
             channel: sub.channel.clone(),
@@ -353,7 +370,9 @@ pub async fn subscriptions(
             lease_seconds: sub.lease_seconds,
             expires_at: sub.expires_at,
             cursor: delivery.cursor,
-            lag: published.saturating_sub(delivery.cursor),
+            lag,
+            lag_seconds,
+            health: health(&delivery, state.external.retry(&sub.id).is_some()),
             pending: delivery.pending,
             pending_content: state.external.retry(&sub.id),
             last_success: delivery.last_success,
@@ -361,6 +380,18 @@ pub async fn subscriptions(
         });
     }
     Ok(Json(out).into_response())
+}
+
+/// A subscription's health at a glance (the dashboard colours and sorts by it).
+fn health(delivery: &DeliveryState, content_retry: bool) -> &'static str {
+    match (&delivery.pending, &delivery.last_error) {
+        (Some(p), _) if p.attempts >= 3 => "failing",
+        (Some(_), _) => "retrying",
+        (None, Some(_)) if content_retry => "retrying",
+        // An error with nothing pending: the last payload was given up.
+        (None, Some(_)) => "given_up",
+        (None, None) => "healthy",
+    }
 }
 
 /// `DELETE /api/subscriptions/{id}`

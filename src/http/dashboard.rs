@@ -47,17 +47,38 @@ pub async fn style_css() -> impl IntoResponse {
 pub struct ChannelSummary {
     pub name: String,
     pub topic: String,
+    pub archive: String,
+    pub resource_list: String,
     pub private: bool,
+    /// The epoch of the channel's log.
+    pub epoch: String,
     pub oldest: u64,
     pub last: u64,
     pub published: u64,
+    /// Notifications delivered to callbacks by this instance since it started (a counter:
+    /// the dashboard charts its rate, as it charts `last` for changes).
+    pub delivered: u64,
+    /// Subscriptions this instance delivers.
+    pub subscribers: usize,
+    pub retention: RetentionSummary,
 }
 
-/// `GET /channels`: every channel with its position (public; used by the dashboard).
+#[derive(Serialize)]
+pub struct RetentionSummary {
+    pub retain_changes: u64,
+    /// Seconds, when changes are also dropped by age.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retain_for: Option<u64>,
+    pub archive_every: u64,
+}
+
+/// `GET /channels`: every public channel with its position, counters and documents (public;
+/// used by the dashboard).
 pub async fn channels(
     State(state): State<AppState>,
 ) -> Result<Json<Vec<ChannelSummary>>, ApiError> {
     let mut out = Vec::with_capacity(state.feeds.len());
+    let subscriptions = state.fanout.active();
     // Private channels are not listed: their names are theirs to give.
     for channel in state.feeds.all() {
         if channel.spec.read_token.is_some() {
@@ -65,13 +86,25 @@ pub async fn channels(
         }
         let name = &channel.spec.name;
         let head = state.store.head(name).await?;
+        let origin = channel.feed.origin(state.store.as_ref()).await?;
+        let retention = &channel.spec.retention;
         out.push(ChannelSummary {
             name: name.clone(),
             topic: state.config.urls.topic(name),
-            private: channel.spec.read_token.is_some(),
+            archive: state.config.urls.archive(name),
+            resource_list: state.config.urls.resource_list(name),
+            private: false,
+            epoch: origin.epoch.clone(),
             oldest: head.oldest,
             last: head.last,
             published: channel.feed.published_seq(),
+            delivered: channel.feed.delivered(),
+            subscribers: subscriptions.iter().filter(|s| &s.channel == name).count(),
+            retention: RetentionSummary {
+                retain_changes: retention.max_changes,
+                retain_for: retention.max_age.map(|d| d.as_secs()),
+                archive_every: retention.list_size,
+            },
         });
     }
     Ok(Json(out))

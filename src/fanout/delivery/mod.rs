@@ -201,6 +201,7 @@ impl Worker {
         let settled = settle(outcome, &mut self.state.pending, start, &self.policy, now);
         settled.record(&mut self.state, sub, What::Seqs(first, last), now);
         if settled == Settled::Delivered {
+            self.feed.count_delivered();
             // From the 202 of these changes, when the batcher's notification is still at hand.
             if let Some(at) = self
                 .feed
