@@ -96,7 +96,7 @@ pub fn router(state: AppState) -> Router {
             get(catchup::source_description),
         )
         .layer(CompressionLayer::new());
-    Router::new()
+    let routes = Router::new()
         .route("/hub", post(websub::hub))
         .route("/publish", post(websub::hub))
         .route("/", get(dashboard::index))
@@ -122,14 +122,20 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/api/subscriptions/{id}/redeliver", post(admin::redeliver))
         .merge(documents)
-        .fallback(no_such_endpoint)
-        .layer(axum::extract::DefaultBodyLimit::max(state.config.max_body))
-        // `Content-Encoding: gzip` bodies are decoded (the limits above apply to what comes
-        // out); any other encoding is refused with 415 instead of being taken as plain.
+        .fallback(no_such_endpoint);
+    guarded(routes, state.config.max_body).with_state(state)
+}
+
+/// The layers around every route: the body limit; `Content-Encoding: gzip` bodies decoded
+/// (the limit applies to what comes out) and any other encoding refused with 415 instead of
+/// being taken as plain; a reason for the refusals those layers give; and a panicking
+/// handler answered 500 (and logged once) instead of a dropped connection.
+fn guarded<S: Clone + Send + Sync + 'static>(routes: Router<S>, max_body: usize) -> Router<S> {
+    routes
+        .layer(axum::extract::DefaultBodyLimit::max(max_body))
         .layer(tower_http::decompression::RequestDecompressionLayer::new())
         .layer(axum::middleware::map_response(explain))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(panicked))
-        .with_state(state)
 }
 
 /// Any path the hub does not serve.
@@ -227,4 +233,37 @@ pub async fn read_body(
 /// The read token of a request: `Authorization: Bearer …` or `?token=`.
 fn read_token<'a>(headers: &'a HeaderMap, query: Option<&'a str>) -> Option<&'a str> {
     crate::auth::bearer(headers).ok().flatten().or(query)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tower::ServiceExt;
+
+    async fn a_bug() -> &'static str {
+        panic!("a bug")
+    }
+
+    #[tokio::test]
+    async fn a_panicking_handler_is_answered_500_and_the_hub_goes_on() {
+        let app = guarded(
+            Router::new()
+                .route("/boom", get(a_bug))
+                .route("/fine", get(|| async { "fine" })),
+            1024,
+        );
+        let get = |path: &str| {
+            axum::http::Request::get(path)
+                .body(axum::body::Body::empty())
+                .unwrap()
+        };
+        let answer = app.clone().oneshot(get("/boom")).await.unwrap();
+        assert_eq!(answer.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let body = axum::body::to_bytes(answer.into_body(), 1024)
+            .await
+            .unwrap();
+        assert!(String::from_utf8_lossy(&body).contains("internal error"));
+        let answer = app.oneshot(get("/fine")).await.unwrap();
+        assert_eq!(answer.status(), StatusCode::OK);
+    }
 }
