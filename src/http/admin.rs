@@ -485,3 +485,34 @@ pub async fn redeliver(
         None => Err(ApiError::not_found(format!("no subscription {id:?}"))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(attempts: Option<u32>, last_error: Option<&str>) -> DeliveryState {
+        let now = OffsetDateTime::now_utc();
+        DeliveryState {
+            pending: attempts.map(|attempts| PendingDelivery {
+                first: 1,
+                last: 2,
+                attempts,
+                first_attempt_at: now,
+                next_attempt_at: now,
+            }),
+            last_error: last_error.map(str::to_string),
+            ..DeliveryState::default()
+        }
+    }
+
+    #[test]
+    fn health_from_the_delivery_state() {
+        assert_eq!(health(&state(None, None), false), "healthy");
+        assert_eq!(health(&state(Some(1), Some("500")), false), "retrying");
+        assert_eq!(health(&state(Some(2), Some("500")), false), "retrying");
+        assert_eq!(health(&state(Some(3), Some("500")), false), "failing");
+        assert_eq!(health(&state(None, Some("gave up")), false), "given_up");
+        // An external topic's content being retried keeps its error without a pending range.
+        assert_eq!(health(&state(None, Some("500")), true), "retrying");
+    }
+}
