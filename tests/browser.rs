@@ -2,8 +2,9 @@
 //! loads the page from the hub, changes are pushed, and the tests see the page follow: new
 //! rows, the filter, the rate chart from the hub's counters, subscriptions sorted worst first
 //! (a failing callback turns red), a wrong admin token's message, the view of one channel,
-//! and the change table pausing while scrolled. Screenshots at 1280 and 375 px wide are saved
-//! to `target/tmp/` (`dashboard.png`, `dashboard-1280.png`, `dashboard-375.png`).
+//! the change table pausing while scrolled, and the chart kept across a reload. Screenshots
+//! at 1280 and 375 px wide are saved to the tests' temporary folder, `target/tmp/`
+//! (`dashboard.png`, `dashboard-1280.png`, `dashboard-375.png`).
 //!
 //! Needs Debian's `chromium` and `chromium-driver` (`.ci/run` installs them). Without them the
 //! tests fail under CI (`CI` set) and are skipped with a message elsewhere.
@@ -484,5 +485,15 @@ async fn dashboard_for_an_operator() {
         .await;
     assert_eq!(overflow, 0, "nothing wider than the phone's screen");
     session.screenshot("dashboard-375.png").await;
+
+    // A reload keeps the chart's samples (sessionStorage): the peak is still there.
+    session.post("refresh", json!({})).await;
+    session
+        .wait_script(
+            "the chart after a reload",
+            "const c = document.querySelector('#charts figure[data-channel=\"news\"]'); return c && Number(c.querySelector('[data-peak=\"last\"]').textContent)",
+            |v| v.as_f64().is_some_and(|p| p > 0.0),
+        )
+        .await;
     session.close().await;
 }

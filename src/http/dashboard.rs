@@ -1,5 +1,8 @@
 //! `GET /`: the live dashboard. Its three files are compiled into the binary: no build step,
-//! no CDN, works without internet access. `GET /channels` lists the channels it shows.
+//! no CDN, works without internet access (the rate chart is plain SVG drawn by `app.js`).
+//! `GET /channels` lists the channels it shows, with the counters it samples for its rates
+//! (the head seq for changes/s, the feed's `delivered` for deliveries/s) and what its view of
+//! one channel shows; subscription health comes from the admin API.
 
 use axum::extract::State;
 use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};

@@ -1,7 +1,8 @@
 // changehub dashboard. Follows every public channel over the websocket (proto/websocket.md)
 // for the table of newest changes, resuming from its cursors after a disconnect. Rates come
 // from the hub's own counters: `GET /channels` is sampled every 2 s (head seq for changes,
-// `delivered` for deliveries), never from rows replayed into the table. With an admin token,
+// `delivered` for deliveries), never from rows replayed into the table; the samples are kept
+// in sessionStorage, so that reloading the page keeps the chart. With an admin token,
 // `GET /api/subscriptions` gives each subscription's health. `#channel=NAME` is the view of
 // one channel.
 "use strict";
@@ -308,17 +309,37 @@ function connect() {
 
 // ---- sampling the counters ----
 
+const SAVED = "changehub-samples";
+
+function savedSamples() {
+  try {
+    return JSON.parse(sessionStorage.getItem(SAVED)) || {};
+  } catch {
+    return {};
+  }
+}
+
+function saveSamples() {
+  try {
+    sessionStorage.setItem(SAVED, JSON.stringify(Object.fromEntries([...state.channels].map(([n, c]) => [n, c.samples]))));
+  } catch {
+    // Storage full or disabled: the chart starts again on reload.
+  }
+}
+
 async function poll() {
   const resp = await fetch("/channels");
   if (!resp.ok) throw new Error(`GET /channels: ${resp.status}`);
   const list = await resp.json();
   const t = Date.now();
+  const saved = state.channels.size ? {} : savedSamples();
   for (const info of list) {
     if (info.private) continue;
     let ch = state.channels.get(info.name);
     if (!ch) {
       // Start the table with the last 50 changes of each channel, then live.
-      ch = { info, cursor: Math.max(0, info.published - 50), head: info.last, live: false, samples: [], types: [] };
+      const samples = (Array.isArray(saved[info.name]) ? saved[info.name] : []).filter((p) => t - p.t < WINDOW_MS);
+      ch = { info, cursor: Math.max(0, info.published - 50), head: info.last, live: false, samples, types: [] };
       state.channels.set(info.name, ch);
       subscribe(info.name, ch);
     }
@@ -327,6 +348,7 @@ async function poll() {
     ch.samples.push({ t, last: info.last, delivered: info.delivered });
     while (ch.samples.length > 2 && t - ch.samples[1].t > WINDOW_MS) ch.samples.shift();
   }
+  saveSamples();
   renderChannels();
   renderCharts();
   renderDetail();
