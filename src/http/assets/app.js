@@ -76,34 +76,29 @@ const fmt = (v) => (v >= 100 ? v.toFixed(0) : v.toFixed(1));
 
 // ---- rates, from the sampled counters ----
 
-// Per-second rates between consecutive samples: [[ms, rate]]. A counter that went back (a
-// restarted hub) counts as 0 for that step.
-function series(samples, key) {
-  const out = [];
-  for (let i = 1; i < samples.length; i++) {
-    const a = samples[i - 1], b = samples[i];
-    const dt = (b.t - a.t) / 1000;
-    if (dt > 0) out.push([b.t, Math.max(0, b[key] - a[key]) / dt]);
-  }
-  return out;
-}
-
-// The rate over the last 10 s.
-function current(samples, key) {
-  const n = samples.length;
-  if (n < 2) return 0;
-  const b = samples[n - 1];
-  let a = samples[n - 2];
-  for (let i = n - 2; i >= 0 && b.t - samples[i].t <= CURRENT_MS; i--) a = samples[i];
+// The per-second rate at sample `i`, over the 10 s before it (or the step before it, when
+// samples are further apart). A counter that went back (a restarted hub) counts as 0.
+function rateAt(samples, key, i) {
+  const b = samples[i];
+  let a = samples[i - 1];
+  for (let j = i - 1; j >= 0 && b.t - samples[j].t <= CURRENT_MS; j--) a = samples[j];
   const dt = (b.t - a.t) / 1000;
   return dt > 0 ? Math.max(0, b[key] - a[key]) / dt : 0;
+}
+
+// The rates over the window: [[ms, rate]].
+function series(samples, key) {
+  const out = [];
+  for (let i = 1; i < samples.length; i++) out.push([samples[i].t, rateAt(samples, key, i)]);
+  return out;
 }
 
 function rates(ch) {
   const out = {};
   for (const key of ["last", "delivered"]) {
     const points = series(ch.samples, key);
-    out[key] = { points, now: current(ch.samples, key), peak: Math.max(0, ...points.map(([, v]) => v)) };
+    const now = points.length ? points[points.length - 1][1] : 0;
+    out[key] = { points, now, peak: Math.max(0, ...points.map(([, v]) => v)) };
   }
   return out;
 }
@@ -145,7 +140,7 @@ function makeCard(name) {
     `${label} `, el("b", { "data-now": key }, "0.0"), " now · peak ", el("b", { "data-peak": key }, "0.0"));
   const chart = svg("svg", { viewBox: "0 0 600 120", preserveAspectRatio: "none", role: "img" });
   for (const y of [0, 60, 120]) chart.append(svg("line", { x1: 0, x2: 600, y1: y, y2: y, class: "grid" }));
-  chart.append(svg("polyline", { class: "last", points: "" }), svg("polyline", { class: "delivered", points: "" }));
+  chart.append(svg("polygon", { class: "area", points: "" }), svg("polyline", { class: "last", points: "" }), svg("polyline", { class: "delivered", points: "" }));
   const card = el("figure", { class: "chart", "data-channel": name },
     el("figcaption", {}, channelButton(name)),
     el("div", { class: "legend" }, legend("last", "changes/s"), legend("delivered", "deliveries/s")),
@@ -167,6 +162,11 @@ function renderCharts() {
       const points = r[key].points.map(([t, v]) =>
         `${((t - (now - WINDOW_MS)) / WINDOW_MS * 600).toFixed(1)},${(120 - (v / max) * 116).toFixed(1)}`);
       ch.card.querySelector("polyline." + key).setAttribute("points", points.join(" "));
+      if (key === "last" && points.length) {
+        // The changes line's area, down to the axis.
+        const [first, last] = [points[0], points[points.length - 1]].map((p) => p.split(",")[0]);
+        ch.card.querySelector("polygon.area").setAttribute("points", `${first},120 ${points.join(" ")} ${last},120`);
+      }
       ch.card.querySelector(`[data-now="${key}"]`).textContent = fmt(r[key].now);
       ch.card.querySelector(`[data-peak="${key}"]`).textContent = fmt(r[key].peak);
     }
@@ -406,7 +406,7 @@ function renderSubs() {
     const last = el("td", { class: "muted", title: s.last_success || "" }, ago(s.last_success));
     tr.append(el("td", {}, el("span", { class: "badge" }, s.health.replace("_", " "))), cell(s.channel),
       cell(s.callback, "loc"), cell(String(s.lag), "num"), cell(duration(s.lag_seconds || 0), "num"), last,
-      cell(s.last_error || "—", "loc error"), cell(String(attempts), "num"));
+      s.last_error ? cell(s.last_error, "loc error") : cell("—", "muted"), cell(String(attempts), "num"));
     // Labels for the narrow layout, where each row is a card.
     const heads = document.querySelectorAll("#subscriptions thead th");
     [...tr.children].forEach((td, i) => td.setAttribute("data-label", heads[i].textContent));
