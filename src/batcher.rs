@@ -6,7 +6,8 @@
 //! the store closes. Cutting reads the changes back from the log (log before notify: nothing is
 //! ever announced that cannot be replayed), renders the Change List once, and publishes it on
 //! the channel's [`ChannelFeed`]: the `published` seq that delivery workers follow, a short cache
-//! of recent notifications whose bytes they share, and a broadcast for live listeners.
+//! of recent notifications whose bytes they share, and a broadcast for live listeners. The feed
+//! also counts the notifications its workers delivered (the dashboard's deliveries/s).
 
 use bytes::Bytes;
 use std::collections::VecDeque;

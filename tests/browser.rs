@@ -165,6 +165,18 @@ impl<'a> Session<'a> {
         eprintln!("screenshot: {}", path.display());
     }
 
+    /// Sends the Enter key to the element `css` selects (as a keyboard user activates it).
+    async fn press_enter(&self, css: &str) {
+        let found = self
+            .post("element", json!({"using": "css selector", "value": css}))
+            .await;
+        let id = found["element-6066-11e4-a52e-4f735466cecf"]
+            .as_str()
+            .unwrap();
+        self.post(&format!("element/{id}/value"), json!({"text": "\u{E007}"}))
+            .await;
+    }
+
     async fn script(&self, script: &str) -> Value {
         self.post("execute/sync", json!({"script": script, "args": []}))
             .await
@@ -405,11 +417,10 @@ async fn dashboard_for_an_operator() {
     session.viewport(1280, 1800, false).await;
     session.screenshot("dashboard-1280.png").await;
 
-    // The view of one channel: its facts and documents, the table and charts filtered to it.
+    // The view of one channel, opened from the keyboard: its facts and documents, the table
+    // and charts filtered to it.
     session
-        .script(
-            "document.querySelector('#channels button[data-open=\"news\"]').click(); return true",
-        )
+        .press_enter("#channels button[data-open=\"news\"]")
         .await;
     let facts = "const d = document.querySelector('#detail'); return d.hidden ? null : Object.fromEntries([...d.querySelectorAll('[data-fact]')].map(e => [e.dataset.fact, e.textContent]).concat([...d.querySelectorAll('[data-link]')].map(a => [a.dataset.link, a.href])))";
     let shown = session
