@@ -15,7 +15,7 @@
 //! - **mirror incremental**: M resources (default 1,000) are rewritten and their `updated`
 //!   changes (hash, length) POSTed to the hub as NDJSON; from the POST until the subscriber's
 //!   state file holds the last seq of that POST (saved after the changes are written).
-//! - **curl, M**: the same M GETs by curl, as above.
+//! - **curl, M**: the same M GETs by curl, as above, over its copy of the N.
 //! - **disk floor**: the N files written from memory the way the mirror writes them
 //!   (temporary file, `fsync`, rename; C threads; then each folder synced): what the
 //!   durability costs on this disk, without any network; and the same with one thread.
@@ -445,7 +445,8 @@ impl Setup {
         );
 
         if self.has_curl {
-            let out = scratch.join("curl-m");
+            // Over curl's own copy of the N, as the mirror replaces its files.
+            let out = scratch.join("curl-n");
             let took = curl(&self.base, &updated, &out, concurrency).await;
             check_copy(&self.src, &out, updated.iter().copied(), "curl");
             figures.curl_m = Some(rate(m, took));
