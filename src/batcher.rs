@@ -7,7 +7,8 @@
 //! ever announced that cannot be replayed), renders the Change List once, and publishes it on
 //! the channel's [`ChannelFeed`]: the `published` seq that delivery workers follow, a short cache
 //! of recent notifications whose bytes they share, and a broadcast for live listeners. The feed
-//! also counts the notifications its workers delivered (the dashboard's deliveries/s).
+//! also counts, per 10-second step of the last 10 minutes, the changes it published and the
+//! notifications its workers delivered: the dashboard's rates.
 
 use bytes::Bytes;
 use std::collections::VecDeque;
@@ -22,6 +23,7 @@ use crate::config::Config;
 use crate::model::{Change, Notification};
 use crate::resourcesync::{self, ChangeListHeader};
 use crate::store::{Origin, Store, StoreError};
+use crate::telemetry::RateWindow;
 
 /// How many recent notifications a feed keeps for delivery workers to share.
 const RECENT: usize = 64;
@@ -67,9 +69,11 @@ pub struct ChannelFeed {
     published: watch::Sender<u64>,
     recent: Mutex<VecDeque<Arc<Notification>>>,
     live: broadcast::Sender<Arc<Notification>>,
-    /// Notifications delivered to callbacks (answered 2xx) by this instance since it started:
-    /// the dashboard's deliveries/s.
+    /// Notifications delivered to callbacks (answered 2xx) by this instance since it started.
     delivered: AtomicU64,
+    /// Changes published and notifications delivered over the last 10 minutes: the
+    /// dashboard's rates.
+    pub rates: RateWindow,
 }
 
 impl ChannelFeed {
@@ -81,6 +85,7 @@ impl ChannelFeed {
             recent: Mutex::new(VecDeque::with_capacity(RECENT)),
             live: broadcast::channel(1024).0,
             delivered: AtomicU64::new(0),
+            rates: RateWindow::default(),
         }
     }
 
@@ -115,6 +120,7 @@ impl ChannelFeed {
     /// Counts one notification delivered to a callback (a delivery worker's 2xx).
     pub fn count_delivered(&self) {
         self.delivered.fetch_add(1, Ordering::Relaxed);
+        self.rates.count_delivery();
     }
 
     /// Notifications delivered to callbacks by this instance since it started.
@@ -147,6 +153,7 @@ impl ChannelFeed {
         // this notification from the log (and skips it live); the other order could leave it
         // unseen until the next notification.
         self.published.send_replace(n.last);
+        self.rates.count_changes(n.changes.len() as u64);
         let _ = self.live.send(n);
     }
 

@@ -23,10 +23,17 @@
 //! | `changehub_channels_owned` | gauge | |
 //!
 //! The recorder is process-wide: several hubs in one process (tests) share it.
+//!
+//! [`RateWindow`] is the dashboard's figure: per channel, the changes published and the
+//! notifications delivered in each 10-second step of the last 10 minutes, counted as they
+//! happen (kept by the channel's feed, in memory), so that a page opened now shows the last 10
+//! minutes at once.
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use std::collections::BTreeMap;
-use std::sync::OnceLock;
+use serde::Serialize;
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Mutex, OnceLock};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Latency buckets, seconds: 1 ms to 1 minute.
 const BUCKETS: &[f64] = &[
@@ -138,5 +145,133 @@ impl Gauges {
             metrics::gauge!("changehub_subscriber_lag_max", "channel" => channel.clone())
                 .set(*lag as f64);
         }
+    }
+}
+
+/// Seconds per step of a [`RateWindow`].
+pub const RATE_STEP_SECS: u64 = 10;
+/// Steps a [`RateWindow`] keeps: 10 minutes.
+pub const RATE_STEPS: usize = 60;
+
+/// What happened in one step.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Step {
+    /// Seconds since the Unix epoch / [`RATE_STEP_SECS`].
+    index: u64,
+    changes: u64,
+    deliveries: u64,
+}
+
+/// Changes and deliveries counted per 10-second step over the last 10 minutes.
+#[derive(Debug, Default)]
+pub struct RateWindow {
+    steps: Mutex<VecDeque<Step>>,
+}
+
+/// A [`RateWindow`] as the dashboard reads it: [`RATE_STEPS`] counts each, oldest first; the
+/// last step is the current one, `elapsed` seconds old.
+#[derive(Debug, Serialize, PartialEq)]
+pub struct Rates {
+    pub step: u64,
+    pub elapsed: f64,
+    pub changes: Vec<u64>,
+    pub deliveries: Vec<u64>,
+}
+
+fn unix_secs(now: SystemTime) -> f64 {
+    now.duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+impl RateWindow {
+    /// Counts `changes` published now.
+    pub fn count_changes(&self, changes: u64) {
+        self.count(SystemTime::now(), changes, 0);
+    }
+
+    /// Counts one notification delivered now.
+    pub fn count_delivery(&self) {
+        self.count(SystemTime::now(), 0, 1);
+    }
+
+    fn count(&self, now: SystemTime, changes: u64, deliveries: u64) {
+        let index = unix_secs(now) as u64 / RATE_STEP_SECS;
+        let mut steps = self.steps.lock().unwrap_or_else(|e| e.into_inner());
+        match steps.back_mut() {
+            Some(last) if last.index >= index => {
+                last.changes += changes;
+                last.deliveries += deliveries;
+            }
+            _ => steps.push_back(Step {
+                index,
+                changes,
+                deliveries,
+            }),
+        }
+        while steps
+            .front()
+            .is_some_and(|s| s.index + RATE_STEPS as u64 <= index)
+        {
+            steps.pop_front();
+        }
+    }
+
+    /// The last 10 minutes, as of `now`.
+    pub fn rates(&self, now: SystemTime) -> Rates {
+        let secs = unix_secs(now);
+        let current = secs as u64 / RATE_STEP_SECS;
+        let first = current.saturating_sub(RATE_STEPS as u64 - 1);
+        let mut out = Rates {
+            step: RATE_STEP_SECS,
+            elapsed: secs - (current * RATE_STEP_SECS) as f64,
+            changes: vec![0; RATE_STEPS],
+            deliveries: vec![0; RATE_STEPS],
+        };
+        let steps = self.steps.lock().unwrap_or_else(|e| e.into_inner());
+        for s in steps
+            .iter()
+            .filter(|s| s.index >= first && s.index <= current)
+        {
+            let i = (s.index - first) as usize;
+            out.changes[i] = s.changes;
+            out.deliveries[i] = s.deliveries;
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn at(secs: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(secs)
+    }
+
+    #[test]
+    fn counts_per_step_over_ten_minutes() {
+        let w = RateWindow::default();
+        w.count(at(1_000_000), 5, 0);
+        w.count(at(1_000_004), 2, 1);
+        w.count(at(1_000_010), 0, 3);
+        let r = w.rates(at(1_000_012));
+        assert_eq!(r.step, 10);
+        assert_eq!(r.elapsed, 2.0);
+        assert_eq!(r.changes.len(), RATE_STEPS);
+        assert_eq!(r.changes[RATE_STEPS - 2..], [7, 0]);
+        assert_eq!(r.deliveries[RATE_STEPS - 2..], [1, 3]);
+        assert_eq!(r.changes.iter().sum::<u64>(), 7);
+
+        // Ten minutes on, the first step has left the window; eleven minutes on, everything.
+        let r = w.rates(at(1_000_000 + 600));
+        assert_eq!(r.changes.iter().sum::<u64>(), 0);
+        assert_eq!(r.deliveries.iter().sum::<u64>(), 3);
+        let r = w.rates(at(1_000_000 + 660));
+        assert_eq!(r.deliveries.iter().sum::<u64>(), 0);
+
+        // Old steps are dropped as new ones are counted.
+        w.count(at(1_000_000 + 3600), 1, 0);
+        assert_eq!(w.steps.lock().unwrap().len(), 1);
     }
 }

@@ -2,7 +2,7 @@
 //! loads the page from the hub, changes are pushed, and the tests see the page follow: new
 //! rows, the filter, the rate chart from the hub's counters, subscriptions sorted worst first
 //! (a failing callback turns red), a wrong admin token's message, the view of one channel,
-//! the change table pausing while scrolled, and the chart kept across a reload. Screenshots
+//! the change table pausing while scrolled, and the chart's history on a reload. Screenshots
 //! at 1280 and 375 px wide are saved to the tests' temporary folder, `target/tmp/`
 //! (`dashboard.png`, `dashboard-1280.png`, `dashboard-375.png`).
 //!
@@ -365,15 +365,18 @@ async fn dashboard_for_an_operator() {
         .await;
     assert_eq!(healthy[1][0], bad.url.as_str(), "{healthy}");
 
-    // The rate chart counts from the hub's counters: the 3 replayed rows are no change per
-    // second, even once the chart has samples.
-    let chart = "const c = document.querySelector('#charts figure[data-channel=\"news\"]'); return c && [c.querySelector('[data-now=\"last\"]').textContent, c.querySelector('polyline.last').getAttribute('points'), c.querySelector('[data-now=\"delivered\"]').textContent, c.querySelector('[data-type=\"created\"]').textContent]";
+    // The rate chart shows the hub's own counts: the changes published in the last 10
+    // minutes, whatever the table replayed.
+    let chart = r#"return [...document.querySelectorAll('#charts figure')].map(c => [c.dataset.channel, c.querySelector('[data-now="last"]').textContent, c.querySelector('polyline.last').getAttribute('points'), c.querySelector('[data-now="delivered"]').textContent, c.querySelector('[data-type="created"]').textContent, c.querySelector('[data-total]').textContent])"#;
     let idle = session
         .wait_script("the chart's first rates", chart, |v| {
-            v[1].as_str().is_some_and(|p| !p.is_empty())
+            v.as_array().is_some_and(|a| a.len() == 2)
         })
         .await;
-    assert_eq!(idle[0], "0.0", "replayed rows are not a rate: {idle}");
+    let total = |v: &Value| v[5].as_str().unwrap_or_default().to_string();
+    assert_eq!(idle[0][0], "news", "{idle}");
+    assert!(total(&idle[0]).starts_with("3 changes,"), "{idle}");
+    assert!(total(&idle[1]).starts_with("2 changes,"), "{idle}");
     let replayed = session
         .script("return document.querySelectorAll('#changes tbody tr[data-seq]').length")
         .await;
@@ -387,17 +390,16 @@ async fn dashboard_for_an_operator() {
     ok.wait_seq(43, Duration::from_secs(10)).await;
     let busy = session
         .wait_script("the chart to rise", chart, |v| {
-            let rising = |s: &Value| s.as_str().and_then(|s| s.parse::<f64>().ok()) > Some(0.0);
-            // Some point of the changes line above the bottom (y < 120).
-            let above = v[1].as_str().is_some_and(|p| {
-                p.split(' ')
-                    .filter_map(|xy| xy.split(',').nth(1)?.parse::<f64>().ok())
-                    .any(|y| y < 119.0)
-            });
-            rising(&v[0]) && rising(&v[2]) && above
+            let news = &v[0];
+            let rate = |s: &Value| s.as_str().and_then(|s| s.parse::<f64>().ok());
+            total(news).starts_with("43 changes,")
+                && rate(&news[1]) > rate(&idle[0][1])
+                && rate(&news[3]) > Some(0.0)
+                && news[2] != idle[0][2]
         })
         .await;
-    assert_eq!(busy[3], "created 40", "live changes by type: {busy}");
+    assert_eq!(busy[0][4], "created 40", "live changes by type: {busy}");
+    assert!(total(&busy[1]).starts_with("2 changes,"), "{busy}");
 
     // The failing callback turns red and sorts first.
     let failing = session
@@ -497,7 +499,7 @@ async fn dashboard_for_an_operator() {
     assert_eq!(overflow, 0, "nothing wider than the phone's screen");
     session.screenshot("dashboard-375.png").await;
 
-    // A reload keeps the chart's samples (sessionStorage): the peak is still there.
+    // A page opened now shows the last 10 minutes at once: the peak is there.
     session.post("refresh", json!({})).await;
     session
         .wait_script(

@@ -1,8 +1,9 @@
 //! `GET /`: the live dashboard. Its three files are compiled into the binary: no build step,
 //! no CDN, works without internet access (the rate chart is plain SVG drawn by `app.js`).
-//! `GET /channels` lists the channels it shows, with the counters it samples for its rates
-//! (the head seq for changes/s, the feed's `delivered` for deliveries/s) and what its view of
-//! one channel shows; subscription health comes from the admin API.
+//! `GET /channels` lists the channels it shows, with their rates over the last 10 minutes
+//! (changes published and notifications delivered per 10-second step, counted by each
+//! channel's feed: [`crate::telemetry::RateWindow`]) and what its view of one channel shows;
+//! subscription health comes from the admin API.
 
 use axum::extract::State;
 use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
@@ -11,6 +12,8 @@ use axum::Json;
 use serde::Serialize;
 
 use super::{ApiError, AppState};
+use crate::telemetry::Rates;
+use std::time::SystemTime;
 
 const INDEX: &str = include_str!("assets/index.html");
 const APP: &str = include_str!("assets/app.js");
@@ -58,9 +61,11 @@ pub struct ChannelSummary {
     pub oldest: u64,
     pub last: u64,
     pub published: u64,
-    /// Notifications delivered to callbacks by this instance since it started (a counter:
-    /// the dashboard charts its rate, as it charts `last` for changes).
+    /// Notifications delivered to callbacks by this instance since it started.
     pub delivered: u64,
+    /// Changes published and notifications delivered per 10-second step of the last 10
+    /// minutes (this instance's deliveries): what the dashboard charts.
+    pub rates: Rates,
     /// Subscriptions this instance delivers.
     pub subscribers: usize,
     pub retention: RetentionSummary,
@@ -102,6 +107,7 @@ pub async fn channels(
             last: head.last,
             published: channel.feed.published_seq(),
             delivered: channel.feed.delivered(),
+            rates: channel.feed.rates.rates(SystemTime::now()),
             subscribers: subscriptions.iter().filter(|s| &s.channel == name).count(),
             retention: RetentionSummary {
                 retain_changes: retention.max_changes,

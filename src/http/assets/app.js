@@ -1,23 +1,21 @@
 // changehub dashboard. Follows every public channel over the websocket (proto/websocket.md)
-// for the table of newest changes, resuming from its cursors after a disconnect. Rates come
-// from the hub's own counters: `GET /channels` is sampled every 2 s (head seq for changes,
-// `delivered` for deliveries), never from rows replayed into the table; the samples are kept
-// in sessionStorage, so that reloading the page keeps the chart. With an admin token,
-// `GET /api/subscriptions` gives each subscription's health. `#channel=NAME` is the view of
-// one channel.
+// for the table of newest changes, resuming from its cursors after a disconnect. Rates are the
+// hub's own counts: `GET /channels` (read every 2 s) gives each channel's changes published
+// and notifications delivered per 10-second step of the last 10 minutes, never rows replayed
+// into the table. With an admin token, `GET /api/subscriptions` gives each subscription's
+// health. `#channel=NAME` is the view of one channel.
 "use strict";
 
 const MAX_ROWS = 500;
 const SHOWN_ROWS = 200;
 const WINDOW_MS = 10 * 60 * 1000;
-const SAMPLE_MS = 2000;
-const CURRENT_MS = 10000;
+const POLL_MS = 2000;
 const HEALTH_ORDER = { failing: 3, given_up: 2, retrying: 1, healthy: 0 };
 const TYPES = ["created", "updated", "deleted"];
 const SVG = "http://www.w3.org/2000/svg";
 
 const state = {
-  // name -> { info (from /channels), cursor, live, samples: [{ t, last, delivered }], types: [[ms, change]], card }
+  // name -> { info (from /channels), cursor, head, live, types: [[ms, change]], card }
   channels: new Map(),
   rows: [], // newest first: { seq, channel, change, loc, datetime } or { note }
   paused: false,
@@ -74,31 +72,19 @@ function duration(s) {
 const num = (n) => n.toLocaleString("en");
 const fmt = (v) => (v >= 100 ? v.toFixed(0) : v.toFixed(1));
 
-// ---- rates, from the sampled counters ----
+// ---- rates, from the hub's counts per step ----
 
-// The per-second rate at sample `i`, over the 10 s before it (or the step before it, when
-// samples are further apart). A counter that went back (a restarted hub) counts as 0.
-function rateAt(samples, key, i) {
-  const b = samples[i];
-  let a = samples[i - 1];
-  for (let j = i - 1; j >= 0 && b.t - samples[j].t <= CURRENT_MS; j--) a = samples[j];
-  const dt = (b.t - a.t) / 1000;
-  return dt > 0 ? Math.max(0, b[key] - a[key]) / dt : 0;
-}
-
-// The rates over the window: [[ms, rate]].
-function series(samples, key) {
-  const out = [];
-  for (let i = 1; i < samples.length; i++) out.push([samples[i].t, rateAt(samples, key, i)]);
-  return out;
-}
-
+// For changes ("last") and deliveries: the rate of each full step, at its end, in seconds
+// before now; the current rate (the current step with the one before it); the peak; the total.
 function rates(ch) {
+  const r = ch.info.rates;
   const out = {};
-  for (const key of ["last", "delivered"]) {
-    const points = series(ch.samples, key);
-    const now = points.length ? points[points.length - 1][1] : 0;
-    out[key] = { points, now, peak: Math.max(0, ...points.map(([, v]) => v)) };
+  for (const [key, counts] of [["last", r.changes], ["delivered", r.deliveries]]) {
+    const n = counts.length;
+    const points = counts.slice(0, n - 1).map((c, i) => [-r.elapsed - (n - 2 - i) * r.step, c / r.step]);
+    const now = (counts[n - 2] + counts[n - 1]) / (r.step + r.elapsed);
+    points.push([0, now]);
+    out[key] = { points, now, peak: Math.max(...points.map(([, v]) => v)), total: counts.reduce((a, b) => a + b, 0) };
   }
   return out;
 }
@@ -144,6 +130,7 @@ function makeCard(name) {
   const card = el("figure", { class: "chart", "data-channel": name },
     el("figcaption", {}, channelButton(name)),
     el("div", { class: "legend" }, legend("last", "changes/s"), legend("delivered", "deliveries/s")),
+    el("p", { class: "totals muted", "data-total": "" }),
     chart,
     el("div", { class: "axis muted" }, el("span", {}, "−10 min"), el("span", { "data-max": "" }), el("span", {}, "now")),
     el("p", { class: "types" }));
@@ -151,7 +138,6 @@ function makeCard(name) {
 }
 
 function renderCharts() {
-  const now = Date.now();
   const cards = [];
   for (const [name, ch] of state.channels) {
     if (!visible(name)) continue;
@@ -159,8 +145,9 @@ function renderCharts() {
     const r = rates(ch);
     const max = Math.max(1, r.last.peak, r.delivered.peak);
     for (const key of ["last", "delivered"]) {
+      // 600 units for 600 s: x is seconds since 10 minutes ago.
       const points = r[key].points.map(([t, v]) =>
-        `${((t - (now - WINDOW_MS)) / WINDOW_MS * 600).toFixed(1)},${(120 - (v / max) * 116).toFixed(1)}`);
+        `${(600 + t).toFixed(1)},${(120 - (v / max) * 116).toFixed(1)}`);
       ch.card.querySelector("polyline." + key).setAttribute("points", points.join(" "));
       if (key === "last" && points.length) {
         // The changes line's area, down to the axis.
@@ -171,6 +158,8 @@ function renderCharts() {
       ch.card.querySelector(`[data-peak="${key}"]`).textContent = fmt(r[key].peak);
     }
     ch.card.querySelector("[data-max]").textContent = `top: ${fmt(max)}/s`;
+    ch.card.querySelector("[data-total]").textContent =
+      `${num(r.last.total)} changes, ${num(r.delivered.total)} deliveries in 10 min`;
     ch.card.querySelector("svg").setAttribute("aria-label",
       `${name}: ${fmt(r.last.now)} changes/s now, peak ${fmt(r.last.peak)}; ${fmt(r.delivered.now)} deliveries/s now, peak ${fmt(r.delivered.peak)}`);
     const counts = typeCounts(ch);
@@ -307,48 +296,24 @@ function connect() {
   };
 }
 
-// ---- sampling the counters ----
-
-const SAVED = "changehub-samples";
-
-function savedSamples() {
-  try {
-    return JSON.parse(sessionStorage.getItem(SAVED)) || {};
-  } catch {
-    return {};
-  }
-}
-
-function saveSamples() {
-  try {
-    sessionStorage.setItem(SAVED, JSON.stringify(Object.fromEntries([...state.channels].map(([n, c]) => [n, c.samples]))));
-  } catch {
-    // Storage full or disabled: the chart starts again on reload.
-  }
-}
+// ---- reading the channels ----
 
 async function poll() {
   const resp = await fetch("/channels");
   if (!resp.ok) throw new Error(`GET /channels: ${resp.status}`);
   const list = await resp.json();
-  const t = Date.now();
-  const saved = state.channels.size ? {} : savedSamples();
   for (const info of list) {
     if (info.private) continue;
     let ch = state.channels.get(info.name);
     if (!ch) {
       // Start the table with the last 50 changes of each channel, then live.
-      const samples = (Array.isArray(saved[info.name]) ? saved[info.name] : []).filter((p) => t - p.t < WINDOW_MS);
-      ch = { info, cursor: Math.max(0, info.published - 50), head: info.last, live: false, samples, types: [] };
+      ch = { info, cursor: Math.max(0, info.published - 50), head: info.last, live: false, types: [] };
       state.channels.set(info.name, ch);
       subscribe(info.name, ch);
     }
     ch.info = info;
     ch.head = Math.max(ch.head, info.last);
-    ch.samples.push({ t, last: info.last, delivered: info.delivered });
-    while (ch.samples.length > 2 && t - ch.samples[1].t > WINDOW_MS) ch.samples.shift();
   }
-  saveSamples();
   renderChannels();
   renderCharts();
   renderDetail();
@@ -438,7 +403,7 @@ $("#token-form").addEventListener("submit", (ev) => {
 poll().then(() => {
   select();
   connect();
-  setInterval(() => poll().catch((e) => console.warn(e)), SAMPLE_MS);
+  setInterval(() => poll().catch((e) => console.warn(e)), POLL_MS);
 }, (e) => setState("cannot load channels: " + e, "disconnected"));
 setInterval(loadSubscriptions, 3000);
 loadSubscriptions();
