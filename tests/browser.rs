@@ -294,6 +294,34 @@ async fn push_to(hub: &TestHub, channel: &str, token: &str, prefix: &str, n: usi
     assert_eq!(resp.status(), 202);
 }
 
+/// The coloured text of the page whose contrast with its background is below 4.5:1, as
+/// `[selector, text, ratio]`.
+const CONTRAST: &str = r#"
+const lum = (c) => {
+  const [r, g, b] = c.match(/[\d.]+/g).slice(0, 3).map(Number).map((v) => {
+    v /= 255;
+    return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4;
+  });
+  return 0.2126 * r + 0.7152 * g + 0.0722 * b;
+};
+const background = (el) => {
+  for (; el; el = el.parentElement) {
+    const c = getComputedStyle(el).backgroundColor;
+    if (c !== 'rgba(0, 0, 0, 0)' && c !== 'transparent') return c;
+  }
+  return 'rgb(255, 255, 255)';
+};
+const low = [];
+const sel = '.badge, .muted, .state, td, th, a, button, .series b, .types span, #subs-message, label';
+for (const el of document.querySelectorAll(sel)) {
+  if (!el.textContent.trim() || !el.offsetParent) continue;
+  const [a, b] = [lum(getComputedStyle(el).color), lum(background(el))];
+  const ratio = (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+  if (ratio < 4.5) low.push([el.className || el.tagName, el.textContent.trim().slice(0, 30), ratio.toFixed(2)]);
+}
+return low;
+"#;
+
 /// Submits the admin token form with `token`.
 async fn give_token(session: &Session<'_>, token: &str) {
     session
@@ -418,6 +446,10 @@ async fn dashboard_for_an_operator() {
     );
     session.viewport(1280, 1800, false).await;
     session.screenshot("dashboard-1280.png").await;
+
+    // Text contrast (WCAG AA, 4.5:1) of every piece of text the page colours.
+    let low = session.script(CONTRAST).await;
+    assert_eq!(low, json!([]), "text below 4.5:1 contrast");
 
     // The view of one channel, opened from the keyboard: its facts and documents, the table
     // and charts filtered to it.
