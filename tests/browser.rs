@@ -2,9 +2,10 @@
 //! loads the page from the hub, changes are pushed, and the tests see the page follow: new
 //! rows, the filter, the rate chart from the hub's counters, subscriptions sorted worst first
 //! (a failing callback turns red), a wrong admin token's message, the view of one channel,
-//! the change table pausing while scrolled, and the chart's history on a reload. Screenshots
-//! at 1280 and 375 px wide are saved to the tests' temporary folder, `target/tmp/`
-//! (`dashboard.png`, `dashboard-1280.png`, `dashboard-375.png`).
+//! the change table pausing while scrolled, the chart's history on a reload, the contrast of
+//! its coloured text, and a layout that fits 375 px. Screenshots at 1280 and 375 px wide are
+//! saved to the tests' temporary folder, `target/tmp/` (`dashboard.png`, `dashboard-1280.png`,
+//! `dashboard-375.png`).
 //!
 //! Needs Debian's `chromium` and `chromium-driver` (`.ci/run` installs them). Without them the
 //! tests fail under CI (`CI` set) and are skipped with a message elsewhere.
