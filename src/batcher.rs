@@ -153,7 +153,7 @@ impl ChannelFeed {
         // this notification from the log (and skips it live); the other order could leave it
         // unseen until the next notification.
         self.published.send_replace(n.last);
-        self.rates.count_changes(n.changes.len() as u64);
+        self.rates.count_changes(n.changes.iter());
         let _ = self.live.send(n);
     }
 

@@ -160,6 +160,8 @@ struct Step {
     index: u64,
     changes: u64,
     deliveries: u64,
+    /// The changes by type: created, updated, deleted.
+    types: [u64; 3],
 }
 
 /// Changes and deliveries counted per 10-second step over the last 10 minutes.
@@ -176,6 +178,16 @@ pub struct Rates {
     pub elapsed: f64,
     pub changes: Vec<u64>,
     pub deliveries: Vec<u64>,
+    /// The changes of the whole window by type.
+    pub types: TypeCounts,
+}
+
+/// Changes by type.
+#[derive(Debug, Default, Serialize, PartialEq, Eq)]
+pub struct TypeCounts {
+    pub created: u64,
+    pub updated: u64,
+    pub deleted: u64,
 }
 
 fn unix_secs(now: SystemTime) -> f64 {
@@ -184,28 +196,43 @@ fn unix_secs(now: SystemTime) -> f64 {
 }
 
 impl RateWindow {
-    /// Counts `changes` published now.
-    pub fn count_changes(&self, changes: u64) {
-        self.count(SystemTime::now(), changes, 0);
+    /// Counts changes published now, of these types.
+    pub fn count_changes<'a>(&self, changes: impl IntoIterator<Item = &'a crate::model::Change>) {
+        let mut types = [0; 3];
+        for change in changes {
+            use crate::model::ChangeType;
+            let i = match change.change {
+                ChangeType::Created => 0,
+                ChangeType::Updated => 1,
+                ChangeType::Deleted => 2,
+            };
+            types[i] += 1;
+        }
+        self.count(SystemTime::now(), types, 0);
     }
 
     /// Counts one notification delivered now.
     pub fn count_delivery(&self) {
-        self.count(SystemTime::now(), 0, 1);
+        self.count(SystemTime::now(), [0; 3], 1);
     }
 
-    fn count(&self, now: SystemTime, changes: u64, deliveries: u64) {
+    fn count(&self, now: SystemTime, types: [u64; 3], deliveries: u64) {
         let index = unix_secs(now) as u64 / RATE_STEP_SECS;
+        let changes = types.iter().sum();
         let mut steps = self.steps.lock().unwrap_or_else(|e| e.into_inner());
         match steps.back_mut() {
             Some(last) if last.index >= index => {
                 last.changes += changes;
                 last.deliveries += deliveries;
+                for (total, n) in last.types.iter_mut().zip(types) {
+                    *total += n;
+                }
             }
             _ => steps.push_back(Step {
                 index,
                 changes,
                 deliveries,
+                types,
             }),
         }
         while steps
@@ -226,6 +253,7 @@ impl RateWindow {
             elapsed: secs - (current * RATE_STEP_SECS) as f64,
             changes: vec![0; RATE_STEPS],
             deliveries: vec![0; RATE_STEPS],
+            types: TypeCounts::default(),
         };
         let steps = self.steps.lock().unwrap_or_else(|e| e.into_inner());
         for s in steps
@@ -235,6 +263,9 @@ impl RateWindow {
             let i = (s.index - first) as usize;
             out.changes[i] = s.changes;
             out.deliveries[i] = s.deliveries;
+            out.types.created += s.types[0];
+            out.types.updated += s.types[1];
+            out.types.deleted += s.types[2];
         }
         out
     }
@@ -252,9 +283,9 @@ mod tests {
     #[test]
     fn counts_per_step_over_ten_minutes() {
         let w = RateWindow::default();
-        w.count(at(1_000_000), 5, 0);
-        w.count(at(1_000_004), 2, 1);
-        w.count(at(1_000_010), 0, 3);
+        w.count(at(1_000_000), [4, 1, 0], 0);
+        w.count(at(1_000_004), [0, 0, 2], 1);
+        w.count(at(1_000_010), [0; 3], 3);
         let r = w.rates(at(1_000_012));
         assert_eq!(r.step, 10);
         assert_eq!(r.elapsed, 2.0);
@@ -262,16 +293,23 @@ mod tests {
         assert_eq!(r.changes[RATE_STEPS - 2..], [7, 0]);
         assert_eq!(r.deliveries[RATE_STEPS - 2..], [1, 3]);
         assert_eq!(r.changes.iter().sum::<u64>(), 7);
+        let types = TypeCounts {
+            created: 4,
+            updated: 1,
+            deleted: 2,
+        };
+        assert_eq!(r.types, types);
 
         // Ten minutes on, the first step has left the window; eleven minutes on, everything.
         let r = w.rates(at(1_000_000 + 600));
         assert_eq!(r.changes.iter().sum::<u64>(), 0);
+        assert_eq!(r.types, TypeCounts::default());
         assert_eq!(r.deliveries.iter().sum::<u64>(), 3);
         let r = w.rates(at(1_000_000 + 660));
         assert_eq!(r.deliveries.iter().sum::<u64>(), 0);
 
         // Old steps are dropped as new ones are counted.
-        w.count(at(1_000_000 + 3600), 1, 0);
+        w.count(at(1_000_000 + 3600), [1, 0, 0], 0);
         assert_eq!(w.steps.lock().unwrap().len(), 1);
     }
 }

@@ -405,6 +405,12 @@ async fn dashboard_for_an_operator() {
     let total = |v: &Value| v[5].as_str().unwrap_or_default().to_string();
     assert_eq!(idle[0][0], "news", "{idle}");
     assert!(total(&idle[0]).starts_with("3 changes,"), "{idle}");
+    // By type too: the hub's window (3 updated on news), which the page did not see arrive.
+    assert_eq!(idle[0][4], "created 0", "{idle}");
+    let updated = session
+        .script("return document.querySelector('#charts figure[data-channel=\"news\"] [data-type=\"updated\"]').textContent")
+        .await;
+    assert_eq!(updated, "updated 3");
     assert!(total(&idle[1]).starts_with("2 changes,"), "{idle}");
     let replayed = session
         .script("return document.querySelectorAll('#changes tbody tr[data-seq]').length")
@@ -427,7 +433,10 @@ async fn dashboard_for_an_operator() {
                 && news[2] != idle[0][2]
         })
         .await;
-    assert_eq!(busy[0][4], "created 40", "live changes by type: {busy}");
+    assert_eq!(
+        busy[0][4], "created 40",
+        "the window's changes by type: {busy}"
+    );
     assert!(total(&busy[1]).starts_with("2 changes,"), "{busy}");
 
     // The failing callback turns red and sorts first.

@@ -8,14 +8,13 @@
 
 const MAX_ROWS = 500;
 const SHOWN_ROWS = 200;
-const WINDOW_MS = 10 * 60 * 1000;
 const POLL_MS = 2000;
 const HEALTH_ORDER = { failing: 3, given_up: 2, retrying: 1, healthy: 0 };
 const TYPES = ["created", "updated", "deleted"];
 const SVG = "http://www.w3.org/2000/svg";
 
 const state = {
-  // name -> { info (from /channels), cursor, head, live, types: [[ms, change]], card }
+  // name -> { info (from /channels), cursor, head, live, card }
   channels: new Map(),
   rows: [], // newest first: { seq, channel, change, loc, datetime } or { note }
   paused: false,
@@ -89,12 +88,10 @@ function rates(ch) {
   return out;
 }
 
+// The hub's own counts by type over its 10-minute window.
 function typeCounts(ch) {
-  const since = Date.now() - WINDOW_MS;
-  ch.types = ch.types.filter(([t]) => t >= since);
-  const counts = Object.fromEntries(TYPES.map((k) => [k, 0]));
-  for (const [, change] of ch.types) counts[change] = (counts[change] || 0) + 1;
-  return counts;
+  const types = (ch.info.rates && ch.info.rates.types) || {};
+  return Object.fromEntries(TYPES.map((k) => [k, types[k] || 0]));
 }
 
 // ---- the channel table, charts and the channel view ----
@@ -245,8 +242,6 @@ function onFrame(frame) {
       ch.head = Math.max(ch.head, frame.last);
       for (const c of frame.changes) {
         state.rows.unshift({ seq: c.seq, channel: frame.channel, change: c.change, loc: c.loc, datetime: c.datetime.replace(/\.\d+Z$/, "Z") });
-        // Counted by type only when live: replayed changes are not this window's.
-        if (ch.live) ch.types.push([Date.now(), c.change]);
       }
       state.rows.length = Math.min(state.rows.length, MAX_ROWS);
       if (state.paused) state.missed += frame.changes.length;
@@ -307,7 +302,7 @@ async function poll() {
     let ch = state.channels.get(info.name);
     if (!ch) {
       // Start the table with the last 50 changes of each channel, then live.
-      ch = { info, cursor: Math.max(0, info.published - 50), head: info.last, live: false, types: [] };
+      ch = { info, cursor: Math.max(0, info.published - 50), head: info.last, live: false };
       state.channels.set(info.name, ch);
       subscribe(info.name, ch);
     }
