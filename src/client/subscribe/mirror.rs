@@ -266,8 +266,16 @@ impl Mirror {
             }
             match self.fetch(change).await {
                 Ok(bytes) => {
-                    return write_file(path, &bytes)
-                        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+                    // Writing and syncing block: on their own thread, so that the writes of
+                    // concurrent fetches overlap instead of queueing on the follower's task.
+                    let target = path.to_path_buf();
+                    let written =
+                        tokio::task::spawn_blocking(move || write_file(&target, &bytes)).await;
+                    return match written {
+                        Ok(result) => result,
+                        Err(e) => Err(std::io::Error::other(e)),
+                    }
+                    .map_err(|e| format!("cannot write {}: {e}", path.display()));
                 }
                 Err(why) => last = why,
             }
@@ -412,7 +420,9 @@ impl Mirror {
 /// Writes `bytes` at `path` through a synced temporary file and a rename.
 fn write_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let folder = crate::client::files::folder_of(path);
-    std::fs::create_dir_all(&folder)?;
+    if !folder.is_dir() {
+        std::fs::create_dir_all(&folder)?;
+    }
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
