@@ -7,7 +7,7 @@
 //!   Resource List.
 //! - [`callback`] (default) or [`ws`] (`--via ws`): where changes are pushed to us. Both hand
 //!   them to the follower as [`Event`]s over one bounded queue.
-//! - [`Follower`] (this file): the only owner of the cursor. A batch that does not start right
+//! - `Follower` (this file): the only owner of the cursor. A batch that does not start right
 //!   after the cursor shows a gap, which it fills from the hub before it applies the batch;
 //!   changes at or before the cursor are skipped. It also polls the log every `--poll`, in
 //!   case the last notification before a quiet spell was lost.
@@ -72,7 +72,7 @@ pub struct SubscribeArgs {
     #[arg(long, env = "CHANGEHUB_SUBSCRIBE_MIRROR")]
     pub mirror: Option<PathBuf>,
     /// With --mirror: resources under URL go to DIR + the rest of their path (default:
-    /// DIR/HOST[_PORT]/PATH).
+    /// DIR/HOST/PATH, or DIR/HOST_PORT/PATH when the URL has a port).
     #[arg(long, env = "CHANGEHUB_SUBSCRIBE_BASE_URL")]
     pub base_url: Option<String>,
     /// With --mirror: compare DIR with the Resource List (presence and hashes), print the

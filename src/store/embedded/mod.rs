@@ -11,7 +11,7 @@
 //!
 //! The resource index (`index.rs`) is written by the same transaction as the log.
 //!
-//! The database sits behind a [`Handle`] (`handle.rs`): the first I/O error closes it (a full
+//! The database sits behind a `Handle` (`handle.rs`): the first I/O error closes it (a full
 //! disk makes writes [`StoreError::Full`]), and the writer thread opens it again once the disk
 //! takes writes again. `file.rs` is the file backend, with the switch tests use to fill the disk.
 
