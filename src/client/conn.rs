@@ -38,6 +38,15 @@ pub enum WsConnectError {
     Io(url::Url, WsError),
 }
 
+impl WsConnectError {
+    /// True when trying again cannot help: the hub refused the upgrade with a status other
+    /// than 429 (too many connections) or a server error.
+    pub fn is_final(&self) -> bool {
+        matches!(self, WsConnectError::Refused { status, .. }
+            if !(status.as_u16() == 429 || status.is_server_error()))
+    }
+}
+
 /// Opens the websocket at `endpoint` (see [`ws_endpoint`]) within [`CONNECT_TIMEOUT`].
 pub async fn connect_ws(endpoint: &url::Url) -> Result<WsStream, WsConnectError> {
     let connect = tokio_tungstenite::connect_async(endpoint.as_str());

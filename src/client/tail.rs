@@ -17,7 +17,7 @@
 
 use anyhow::{bail, Context};
 
-use super::conn::{connect_ws, ws_endpoint, WsConnectError};
+use super::conn::{connect_ws, ws_endpoint};
 use crate::retry::Reconnect;
 use futures_util::{SinkExt, StreamExt};
 use serde::Deserialize;
@@ -135,15 +135,8 @@ async fn session(
 ) -> anyhow::Result<Ended> {
     let mut ws = match connect_ws(endpoint).await {
         Ok(ws) => ws,
-        Err(e) => {
-            // Too many connections and server errors pass; any other refusal will not.
-            let fatal = matches!(&e, WsConnectError::Refused { status, .. }
-                if !(status.as_u16() == 429 || status.is_server_error()));
-            if fatal {
-                bail!("{e} (is {endpoint} a changehub hub?)");
-            }
-            return Ok(Ended::Lost(e.to_string()));
-        }
+        Err(e) if e.is_final() => bail!("{e} (is {endpoint} a changehub hub?)"),
+        Err(e) => return Ok(Ended::Lost(e.to_string())),
     };
     if let Err(e) = ws.send(Message::text(follow.subscribe_frame(token))).await {
         return Ok(Ended::Lost(format!("cannot subscribe: {e}")));

@@ -221,7 +221,7 @@ async fn follow(
         quiet: args.quiet,
         since: args.since,
         cursor: cursor_tx,
-        log_changed: false,
+        renew_now: false,
     };
 
     let mut subscription = None;
@@ -285,7 +285,8 @@ async fn follow(
             Some((_, lease)) => Instant::now() + *lease * 3 / 4,
             None => Instant::now() + Duration::from_secs(86_400 * 365),
         };
-        let mut renew_delay = Duration::from_secs(1);
+        let mut renew_retry =
+            crate::retry::Reconnect::new(Duration::from_secs(1), Duration::from_secs(60));
         let mut poll = tokio::time::interval(args.poll);
         poll.tick().await;
         let mut retry = tokio::time::interval(args.retry_every);
@@ -300,20 +301,17 @@ async fn follow(
                     follower.retry_pending().await?;
                 }
                 () = tokio::time::sleep_until(renew_at), if subscription.is_some() => {
-                    follower.log_changed = true;
+                    follower.renew_now = true;
                 }
             }
-            if let (true, Some((sub, _))) = (follower.log_changed, &mut subscription) {
-                follower.log_changed = false;
+            if let (true, Some((sub, _))) = (follower.renew_now, &mut subscription) {
+                follower.renew_now = false;
                 match sub.renew().await? {
                     Some(lease) => {
                         renew_at = Instant::now() + lease * 3 / 4;
-                        renew_delay = Duration::from_secs(1);
+                        renew_retry.reset();
                     }
-                    None => {
-                        renew_at = Instant::now() + renew_delay;
-                        renew_delay = (renew_delay * 2).min(Duration::from_secs(60));
-                    }
+                    None => renew_at = Instant::now() + renew_retry.delay(),
                 }
             }
         }
@@ -407,7 +405,7 @@ struct Follower {
     cursor: watch::Sender<(u64, Option<String>)>,
     /// Set when the hub's log was found to be another one (or the lease is due): the
     /// subscription is renewed.
-    log_changed: bool,
+    renew_now: bool,
 }
 
 impl Follower {
@@ -588,7 +586,7 @@ impl Follower {
     /// Resource List; otherwise the follower goes on after `oldest` − 1 of the log.
     async fn lost(&mut self, why: &str, oldest: u64, epoch: Option<String>) -> anyhow::Result<()> {
         if epoch.is_some() {
-            self.log_changed = true;
+            self.renew_now = true;
         }
         if self.mirror.is_some() {
             eprintln!("{why}: the mirror starts again from the Resource List");

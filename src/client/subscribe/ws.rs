@@ -13,7 +13,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_tungstenite::tungstenite::Message;
 
 use super::Event;
-use crate::client::conn::{connect_ws, WsConnectError};
+use crate::client::conn::connect_ws;
 use crate::model::Change;
 use crate::retry::Reconnect;
 
@@ -88,11 +88,7 @@ async fn connection(
 ) -> Result<String, String> {
     let mut ws = match connect_ws(endpoint).await {
         Ok(ws) => ws,
-        Err(e @ WsConnectError::Refused { status, .. })
-            if !(status.as_u16() == 429 || status.is_server_error()) =>
-        {
-            return Err(format!("{e} (is {endpoint} a changehub hub?)"))
-        }
+        Err(e) if e.is_final() => return Err(format!("{e} (is {endpoint} a changehub hub?)")),
         Err(e) => return Ok(e.to_string()),
     };
     let mut subscribe = serde_json::json!({"op": "subscribe", "channel": channel, "since": since});
