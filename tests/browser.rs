@@ -90,6 +90,16 @@ struct Session<'a> {
 }
 
 impl<'a> Session<'a> {
+    /// Waits until the dashboard says it is connected and following live.
+    async fn wait_live(&self) {
+        self.wait_script(
+            "the page to be live",
+            "return document.querySelector('#state').textContent",
+            |v| v == "live",
+        )
+        .await;
+    }
+
     /// A new headless Chromium window (1280×900) at `url`.
     async fn open(driver: &'a Driver, profile: &std::path::Path, url: &str) -> Session<'a> {
         let caps = json!({"capabilities": {"alwaysMatch": {
@@ -223,13 +233,7 @@ async fn dashboard_shows_changes_live() {
     let session = Session::open(&driver, profile.path(), &format!("{}/", hub.url)).await;
 
     // The page connects, replays the recent changes and goes live.
-    session
-        .wait_script(
-            "the page to be live",
-            "return document.querySelector('#state').textContent",
-            |v| v == "live",
-        )
-        .await;
+    session.wait_live().await;
     let rows = "return [...document.querySelectorAll('#changes tbody tr[data-seq]')].map(r => r.children[3].textContent)";
     session
         .wait_script("the replayed changes", rows, |v| {
@@ -361,13 +365,7 @@ async fn dashboard_for_an_operator() {
     let driver = Driver::start().await;
     let profile = tempfile::tempdir().unwrap();
     let session = Session::open(&driver, profile.path(), &format!("{}/", hub.url)).await;
-    session
-        .wait_script(
-            "the page to be live",
-            "return document.querySelector('#state').textContent",
-            |v| v == "live",
-        )
-        .await;
+    session.wait_live().await;
 
     // A wrong admin token says so, and shows no subscriptions.
     give_token(&session, "not-the-token").await;

@@ -412,18 +412,35 @@ impl Drop for HubProcess {
 
 /// Every seq of the `news` channel of the hub at `base` after `after`, following `rel=next`.
 pub async fn catch_up(client: &reqwest::Client, base: &str, after: u64) -> Vec<u64> {
+    log_after(client, base, after)
+        .await
+        .into_iter()
+        .map(|(seq, _)| seq)
+        .collect()
+}
+
+/// Every change of the `news` channel after `after`, with its seq, following `rel=next`.
+pub async fn log_after(
+    client: &reqwest::Client,
+    base: &str,
+    after: u64,
+) -> Vec<(u64, changehub::model::NewChange)> {
     let mut url = format!("{base}/channels/{CHANNEL}/changes?after={after}&limit=5000");
-    let mut seqs = Vec::new();
+    let mut changes = Vec::new();
     loop {
         let resp = client.get(&url).send().await.unwrap();
         assert_eq!(resp.status(), StatusCode::OK);
         let body = resp.bytes().await.unwrap();
         let (header, entries) =
             changehub::resourcesync::parse_change_list(&body, &big_limits()).unwrap();
-        seqs.extend(entries.iter().map(|e| e.seq.expect("seq on every entry")));
+        changes.extend(
+            entries
+                .into_iter()
+                .map(|e| (e.seq.expect("seq on every entry"), e.change)),
+        );
         match header.links.iter().find(|l| l.rel == "next") {
             Some(next) => url = next.href.clone(),
-            None => return seqs,
+            None => return changes,
         }
     }
 }

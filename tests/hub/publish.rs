@@ -5,7 +5,6 @@
 //! updated and deleted files, again after a crash; each kind of failure has its exit status.
 
 use crate::common::*;
-use changehub::model::NewChange;
 use sha2::Digest;
 use std::collections::HashMap;
 use std::path::Path;
@@ -115,7 +114,7 @@ async fn publish_through_a_hub_kill(n: usize) {
         n as u64,
         "every change exactly once"
     );
-    let log = log_after(&hub.url, 0).await;
+    let log = log_after(&reqwest::Client::new(), &hub.url, 0).await;
     assert_eq!(log.len(), n);
     let locs: std::collections::HashSet<&str> = log.iter().map(|(_, c)| c.loc.as_str()).collect();
     assert_eq!(locs.len(), n, "no change twice, none missing");
@@ -132,30 +131,6 @@ async fn read_all(stream: Option<tokio::process::ChildStderr>) -> String {
         stream.read_to_string(&mut text).await.unwrap();
     }
     text
-}
-
-/// Every change of the channel after `after`, read back through `changes?after=`.
-async fn log_after(base: &str, after: u64) -> Vec<(u64, NewChange)> {
-    let client = reqwest::Client::new();
-    let mut url = format!("{base}/channels/{CHANNEL}/changes?after={after}&limit=5000");
-    let mut out = Vec::new();
-    loop {
-        let body = client
-            .get(&url)
-            .send()
-            .await
-            .unwrap()
-            .bytes()
-            .await
-            .unwrap();
-        let (header, entries) =
-            changehub::resourcesync::parse_change_list(&body, &big_limits()).unwrap();
-        out.extend(entries.into_iter().map(|e| (e.seq.unwrap(), e.change)));
-        match header.links.iter().find(|l| l.rel == "next") {
-            Some(next) => url = next.href.clone(),
-            None => return out,
-        }
-    }
 }
 
 /// `publish --scan` of `dir` to the hub at `hub`: exit status and stderr.
@@ -196,7 +171,7 @@ fn hash_of(bytes: &[u8]) -> String {
 /// twice.
 async fn changes_after(hub: &str, after: u64) -> HashMap<String, (Option<String>, Option<u64>)> {
     let mut out = HashMap::new();
-    for (_, c) in log_after(hub, after).await {
+    for (_, c) in log_after(&reqwest::Client::new(), hub, after).await {
         let key = format!("{} {}", c.change, c.loc);
         assert!(
             out.insert(key.clone(), (c.hash, c.length)).is_none(),
@@ -244,7 +219,7 @@ async fn a_folder_is_published_as_created_updated_and_deleted_files() {
     })
     .collect();
     assert_eq!(first, expected);
-    let log = log_after(&hub.url, 0).await;
+    let log = log_after(&reqwest::Client::new(), &hub.url, 0).await;
     let html = log.iter().find(|(_, c)| c.loc.ends_with(".html")).unwrap();
     assert_eq!(html.1.media_type.as_deref(), Some("text/html"));
     assert!(html.1.lastmod.is_some());

@@ -136,23 +136,26 @@ async fn publish_ok(args: &[&str]) {
     assert_eq!(code, 0, "changehub {all:?}: {err}");
 }
 
-/// One run of `changehub subscribe --mirror`, its stderr in a file.
+/// One run of `changehub subscribe`, its stderr appended to a file.
 struct Subscriber {
     child: tokio::process::Child,
     log: PathBuf,
 }
 
 impl Subscriber {
-    fn start(args: &[String], log: &Path) -> Subscriber {
+    /// With stdout discarded (`--mirror … --quiet`).
+    fn start(args: &[impl AsRef<std::ffi::OsStr>], log: &Path) -> Subscriber {
+        Subscriber::spawn(args, log, Stdio::null())
+    }
+
+    fn spawn(args: &[impl AsRef<std::ffi::OsStr>], log: &Path, stdout: Stdio) -> Subscriber {
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(log)
             .unwrap();
         let mut cmd = changehub(&["subscribe"]);
-        cmd.args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(file));
+        cmd.args(args).stdout(stdout).stderr(Stdio::from(file));
         Subscriber {
             child: cmd.spawn().unwrap(),
             log: log.to_path_buf(),
@@ -301,6 +304,11 @@ impl MirrorSetup {
         publish_ok(&strs(&scan)).await;
     }
 
+    /// Everything the subscribers of this setup wrote to stderr.
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
     fn subscriber(&self) -> Subscriber {
         Subscriber::start(&self.subscriber_args, &self.log)
     }
@@ -433,8 +441,17 @@ async fn mirror_follows_the_source(via_ws: bool) {
         "a resource whose hash does not match was written"
     );
     subscriber.kill9().await;
+    // The restarted subscriber still finds it wrong (from its state file's pending resources,
+    // or applying the batch again) before the source serves it right.
+    let pending = "r%209.txt (seq 502) is pending";
+    let before = setup.log_text().matches(pending).count();
     let subscriber = setup.subscriber();
-    tokio::time::sleep(Duration::from_millis(500)).await; // let it be wrong for a while longer
+    wait_until(
+        "the restarted subscriber finds it wrong too",
+        Duration::from_secs(60),
+        || async { subscriber.log().matches(pending).count() > before },
+    )
+    .await;
     setup.files.wrong.lock().unwrap().clear();
 
     // More changes from a scan: new files, changed files, removed files.
@@ -461,7 +478,7 @@ async fn mirror_follows_the_source(via_ws: bool) {
     assert_eq!(code, 1, "{out}");
     assert!(out.starts_with("differs\td1/r 1.txt"), "{out}");
     subscriber.kill9().await;
-    let log = std::fs::read_to_string(&setup.log).unwrap();
+    let log = setup.log_text();
     assert!(log.contains("baseline: 250 resources"), "{log}");
 }
 
@@ -555,24 +572,16 @@ impl Relay {
 
 /// A subscriber printing NDJSON: its stdout's changes collected as they come.
 struct Printer {
-    child: tokio::process::Child,
+    sub: Subscriber,
     seqs: Arc<Mutex<Vec<u64>>>,
     locs: Arc<Mutex<Vec<String>>>,
-    log: PathBuf,
 }
 
 impl Printer {
     fn start(args: &[&str], log: &Path) -> Printer {
         use tokio::io::AsyncBufReadExt;
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-            .unwrap();
-        let mut cmd = changehub(&["subscribe"]);
-        cmd.args(args).stderr(Stdio::from(file));
-        let mut child = cmd.spawn().unwrap();
-        let stdout = child.stdout.take().unwrap();
+        let mut sub = Subscriber::spawn(args, log, Stdio::piped());
+        let stdout = sub.child.stdout.take().unwrap();
         let seqs = Arc::<Mutex<Vec<u64>>>::default();
         let locs = Arc::<Mutex<Vec<String>>>::default();
         let (s, l) = (Arc::clone(&seqs), Arc::clone(&locs));
@@ -586,12 +595,7 @@ impl Printer {
                     .push(change["loc"].as_str().unwrap().to_string());
             }
         });
-        Printer {
-            child,
-            seqs,
-            locs,
-            log: log.to_path_buf(),
-        }
+        Printer { sub, seqs, locs }
     }
 
     fn seqs(&self) -> Vec<u64> {
@@ -599,7 +603,7 @@ impl Printer {
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.sub.log()
     }
 
     async fn wait_seq(&self, seq: u64) {
@@ -723,7 +727,7 @@ async fn changes_are_printed_once_in_order_through_gaps_forgeries_renewals_and_a
     .await;
 
     // SIGKILL, more changes, a restart: it goes on right after the saved cursor.
-    printer.child.kill().await.unwrap();
+    printer.sub.child.kill().await.unwrap();
     let saved: serde_json::Value = serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap();
     let cursor = saved["seq"].as_u64().unwrap();
     assert_eq!(cursor, 31);
@@ -739,9 +743,9 @@ async fn changes_are_printed_once_in_order_through_gaps_forgeries_renewals_and_a
     assert_eq!(again.seqs(), (32..=36).collect::<Vec<_>>());
 
     // SIGTERM: it unsubscribes (the hub forgets the callback), then exits 0.
-    let pid = again.child.id().unwrap() as i32;
+    let pid = again.sub.child.id().unwrap() as i32;
     assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
-    let status = tokio::time::timeout(Duration::from_secs(20), again.child.wait())
+    let status = tokio::time::timeout(Duration::from_secs(20), again.sub.child.wait())
         .await
         .expect("it exits after SIGTERM")
         .unwrap();

@@ -283,16 +283,11 @@ mod tests {
 
     fn changes(prefix: &str, n: usize) -> Vec<NewChange> {
         (0..n)
-            .map(|i| NewChange {
-                loc: format!("http://example.com/{prefix}/{i}"),
-                change: ChangeType::Updated,
-                datetime: None,
-                lastmod: None,
-                hash: None,
-                length: None,
-                media_type: None,
-                links: vec![],
-                source: None,
+            .map(|i| {
+                NewChange::new(
+                    format!("http://example.com/{prefix}/{i}"),
+                    ChangeType::Updated,
+                )
             })
             .collect()
     }
