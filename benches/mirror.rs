@@ -401,8 +401,15 @@ impl Setup {
             .and_then(|(r, _)| r.parse().ok())
             .unwrap_or(0.0);
         check_copy(&self.src, &mirror, 0..n, "mirror baseline");
-        // Let it open its websocket: the incremental figure is of a subscriber following live.
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        // Wait for its websocket: the incremental figure is of a subscriber following live.
+        let end = Instant::now() + DEADLINE;
+        while !std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("websocket: following")
+        {
+            assert!(Instant::now() < end, "no websocket in {DEADLINE:?}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
 
         // Incremental: M resources rewritten, their changes POSTed at once.
         self.version += 1;
