@@ -70,6 +70,7 @@ pub async fn run(
         connections: Arc::default(),
         metrics: crate::telemetry::install(),
         control: hub.control.clone(),
+        rendered: Arc::default(),
     };
     // Declared ones and those of the admin API, by name.
     let channels = hub.feeds.names();
@@ -325,6 +326,7 @@ impl Hub {
             ownership: ownership.clone(),
             work: work.clone(),
         });
+        fanout.start_progress();
         let cluster = if store.shared() {
             // Each channel is batched and delivered by the instance that owns it.
             let cluster = Cluster::new(
@@ -417,6 +419,7 @@ impl Hub {
             work.cancel.cancel();
             let _ = tokio::time::timeout(Duration::from_secs(2), work.tasks.wait()).await;
         }
+        self.fanout.close().await;
         if let Some(cluster) = &self.cluster {
             cluster.release_all().await;
         }

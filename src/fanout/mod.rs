@@ -13,6 +13,7 @@
 //! new lease) to the running worker, and stops the worker when the subscription ends.
 
 pub mod delivery;
+pub mod progress;
 pub mod websub;
 
 use std::collections::HashMap;
@@ -27,6 +28,7 @@ use crate::model::{DeliveryState, Subscription};
 use crate::ownership::Ownership;
 use crate::store::{ClusterEvent, Store, StoreError};
 use crate::work::Work;
+use progress::Progress;
 
 struct Handle {
     generation: u64,
@@ -45,6 +47,9 @@ pub struct Fanout {
     live: Mutex<(u64, HashMap<String, Handle>)>,
     /// The channels whose subscriptions this instance delivers (written by the cluster).
     ownership: Arc<Ownership>,
+    /// Every worker's delivery state, written to the store coalesced.
+    pub progress: Arc<Progress>,
+    progress_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 /// What a [`Fanout`] is built from.
@@ -69,7 +74,34 @@ impl Fanout {
             work: parts.work,
             live: Mutex::new((0, HashMap::new())),
             ownership: parts.ownership,
+            progress: Arc::new(Progress::default()),
+            progress_task: Mutex::default(),
         })
+    }
+
+    /// Writes the workers' delivery states (coalesced) until [`Fanout::close`].
+    pub fn start_progress(&self) {
+        let (progress, store) = (self.progress.clone(), Arc::downgrade(&self.store));
+        let task = tokio::spawn(async move { progress.run(store).await });
+        *self.progress_task.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
+    }
+
+    /// After the workers stopped: writes the last delivery states.
+    pub async fn close(&self) {
+        let task = self
+            .progress_task
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        self.progress.close(self.store.as_ref()).await;
+        if let Some(task) = task {
+            let _ = task.await;
+        }
+    }
+
+    /// Subscription `id`'s newest delivery state (recorded by its worker, or stored).
+    pub async fn delivery_state(&self, id: &str) -> Result<Option<DeliveryState>, StoreError> {
+        self.progress.latest(self.store.as_ref(), id).await
     }
 
     /// For an owned `channel`: runs a worker for each of its stored subscriptions, and
@@ -161,7 +193,7 @@ impl Fanout {
                 });
             }
             None => {
-                let state = self.store.delivery(&sub.id).await?.unwrap_or_default();
+                let state = self.delivery_state(&sub.id).await?.unwrap_or_default();
                 self.spawn(sub, state);
             }
         }
@@ -192,7 +224,7 @@ impl Fanout {
                     "subscription to a channel that is no longer configured; keeping it idle");
                 continue;
             }
-            let state = self.store.delivery(&sub.id).await?.unwrap_or_default();
+            let state = self.delivery_state(&sub.id).await?.unwrap_or_default();
             self.spawn(sub, state);
             started += 1;
         }
@@ -213,7 +245,7 @@ impl Fanout {
                 tx.send_replace(Arc::new(sub));
             }
             None => {
-                let state = match self.store.delivery(&sub.id).await? {
+                let state = match self.delivery_state(&sub.id).await? {
                     Some(state) => state,
                     None => {
                         let cursor = self
@@ -259,10 +291,10 @@ impl Fanout {
                 None => return Ok(None),
             }
         };
-        let mut state = self.store.delivery(id).await?.unwrap_or_default();
+        let mut state = self.delivery_state(id).await?.unwrap_or_default();
         state.cursor = from.saturating_sub(1);
         state.pending = None;
-        self.store.put_delivery(id, &state).await?;
+        self.progress.record(id, &state);
         tracing::info!(subscription = id, from, "redelivery requested");
         // Replaces (and cancels) the running worker.
         self.spawn(sub, state.clone());
@@ -290,6 +322,7 @@ impl Fanout {
                 .map(|s| s.channel),
             None => None,
         };
+        self.progress.forget(id).await;
         let existed = self.store.delete_subscription(id).await? || handle.is_some();
         if let Some(channel) = channel {
             self.tell_others(&channel, id).await;
@@ -308,6 +341,7 @@ impl Fanout {
             }
         }
         self.external.set_retry(id, None);
+        self.progress.forget(id).await;
         if let Err(e) = self.store.delete_subscription(id).await {
             tracing::warn!(subscription = id, error = %e, "cannot delete subscription");
         }

@@ -237,6 +237,7 @@ pub async fn delete_channel(
         )));
     }
     changed(&state, &name).await?;
+    state.rendered.forget(&name);
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -341,7 +342,11 @@ pub async fn subscriptions(
     subs.sort_by(|a, b| (&a.channel, &a.callback).cmp(&(&b.channel, &b.callback)));
     let mut out = Vec::with_capacity(subs.len());
     for sub in subs {
-        let delivery = state.store.delivery(&sub.id).await?.unwrap_or_default();
+        let delivery = state
+            .fanout
+            .delivery_state(&sub.id)
+            .await?
+            .unwrap_or_default();
         let published = state
             .fanout
             .feed(&sub.channel)

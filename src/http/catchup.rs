@@ -12,6 +12,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use std::sync::Arc;
 
+use super::rendered::Rendered;
 use super::{read_token, ApiError, AppState};
 use crate::auth;
 use crate::batcher::ChannelFeed;
@@ -147,7 +148,17 @@ pub async fn changelist(
     let mut response = if matches(&headers, &etag) {
         StatusCode::NOT_MODIFIED.into_response()
     } else {
-        xml(catchup::changelist(log).await?)
+        // Rendered once per state of the open list (and epoch), then served from memory.
+        let key = format!("{etag} {}", log.origin.epoch);
+        let doc = match state.rendered.topic(&name, &key) {
+            Some(doc) => doc,
+            None => {
+                let doc = Rendered::new(catchup::changelist(log).await?);
+                state.rendered.keep_topic(&name, key, doc.clone());
+                doc
+            }
+        };
+        doc.response(&headers)
     };
     let links = net::hub_links(&state.config.urls.hub(), &channel.topic);
     set_header(&mut response, http::header::LINK, &links);
@@ -176,11 +187,21 @@ pub async fn closed_list(
             ))
         })?;
     let etag = format!("\"{}-{first}-{last}\"", origin.epoch);
-    let body = catchup::closed_list(channel.log(&state, origin), first, last).await?;
+    // Immutable once closed: rendered once, kept while there is room (`http::rendered`).
+    let key = format!("{name}\n{}-{first}-{last}", origin.epoch);
+    let doc = match state.rendered.closed(&key) {
+        Some(doc) => doc,
+        None => {
+            let body = catchup::closed_list(channel.log(&state, origin), first, last).await?;
+            let doc = Rendered::new(body);
+            state.rendered.keep_closed(key, doc.clone());
+            doc
+        }
+    };
     let mut response = if matches(&headers, &etag) {
         StatusCode::NOT_MODIFIED.into_response()
     } else {
-        xml(body)
+        doc.response(&headers)
     };
     set_header(&mut response, http::header::ETAG, &etag);
     set_header(

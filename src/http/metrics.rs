@@ -52,7 +52,11 @@ async fn gauges(state: &AppState) -> Result<Gauges, ApiError> {
         g.lag_max.insert(channel, 0);
     }
     for sub in state.fanout.active() {
-        let delivery = state.store.delivery(&sub.id).await?.unwrap_or_default();
+        let delivery = state
+            .fanout
+            .delivery_state(&sub.id)
+            .await?
+            .unwrap_or_default();
         if delivery.pending.is_some() {
             g.retrying += 1;
         } else {

@@ -24,6 +24,7 @@ mod health;
 mod ingest;
 mod listen;
 mod metrics;
+mod rendered;
 mod sse;
 mod websub;
 pub mod ws;
@@ -65,6 +66,8 @@ pub struct AppState {
     pub control: Arc<crate::server::Control>,
     /// The Prometheus recorder's handle (`None`: another recorder was installed first).
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    /// Topics and closed Change Lists as last rendered.
+    pub rendered: Arc<rendered::RenderedDocs>,
 }
 
 /// Every route of the hub.

@@ -223,6 +223,14 @@ pub trait Store: Send + Sync + 'static {
     async fn subscriptions(&self) -> Result<Vec<Subscription>, StoreError>;
 
     async fn put_delivery(&self, sub_id: &str, state: &DeliveryState) -> Result<(), StoreError>;
+    /// Records the delivery state of many subscriptions at once (the fan-out writes them
+    /// coalesced). A state for a subscription that no longer exists is dropped.
+    async fn put_deliveries(&self, states: &[(String, DeliveryState)]) -> Result<(), StoreError> {
+        for (id, state) in states {
+            self.put_delivery(id, state).await?;
+        }
+        Ok(())
+    }
     async fn delivery(&self, sub_id: &str) -> Result<Option<DeliveryState>, StoreError>;
 
     /// Succeeds when the store can serve requests (readiness).

@@ -32,7 +32,7 @@ use super::Fanout;
 use crate::batcher::{render_notification, ChannelFeed};
 use crate::external::{Content, ContentRetry};
 use crate::model::{DeliveryState, PendingDelivery, Subscription};
-use post::{deliver, post, Payload};
+use post::{deliver, post, Payload, Target};
 use settle::{settle, ContentAttempts, Policy, Settled, What};
 
 type ContentRx = watch::Receiver<Option<Arc<Content>>>;
@@ -50,7 +50,9 @@ pub async fn run_worker(
     let Some(feed) = fanout.feed(&channel) else {
         return;
     };
+    let target = Target::of(&fanout, sub_rx.borrow().clone());
     let mut worker = Worker {
+        target,
         published_rx: feed.published(),
         content_rx: fanout.external.by_channel(&channel).map(|t| t.content()),
         policy: Policy::of(&fanout.config),
@@ -75,6 +77,8 @@ struct Worker {
     policy: Policy,
     /// The subscription as it is now (a re-subscription renews the lease or the secret).
     sub_rx: watch::Receiver<Arc<Subscription>>,
+    /// What every POST to the subscription as it is now shares.
+    target: Target,
     /// The channel's newest published seq.
     published_rx: watch::Receiver<u64>,
     /// An external generic topic's latest content (`None` for every other channel).
@@ -92,6 +96,9 @@ impl Worker {
     /// Delivers or waits once; `Break` when the worker is done.
     async fn step(&mut self) -> ControlFlow<()> {
         let sub = self.sub_rx.borrow_and_update().clone();
+        if !Arc::ptr_eq(&self.target.sub, &sub) {
+            self.target = Target::of(&self.fanout, sub.clone());
+        }
         let now = OffsetDateTime::now_utc();
         if sub.expires_at <= now {
             tracing::info!(callback = %crate::net::shown(&sub.callback), topic = %sub.topic, "lease expired; subscription removed");
@@ -188,7 +195,7 @@ impl Worker {
         let epoch = self.feed.known_origin().map(|o| o.epoch.clone());
         let outcome = tokio::select! {
             _ = self.cancel.cancelled() => return ControlFlow::Break(()),
-            o = deliver(&self.fanout.client, &self.fanout, sub, body, (first, last), epoch.as_deref()) => o,
+            o = deliver(&self.fanout.client, &self.target, body, (first, last), epoch.as_deref()) => o,
         };
         let now = OffsetDateTime::now_utc();
         let start = |at| PendingDelivery {
@@ -217,7 +224,7 @@ impl Worker {
             Settled::Delivered | Settled::GaveUp { .. } => self.state.cursor = last,
             Settled::WillRetry { .. } => {}
         }
-        self.persist(sub).await;
+        self.persist(sub);
         ControlFlow::Continue(())
     }
 
@@ -252,7 +259,7 @@ impl Worker {
                 // Trimmed by retention before delivery: skip to what is retained.
                 self.state.cursor = to;
                 self.state.pending = None;
-                self.persist(sub).await;
+                self.persist(sub);
                 ControlFlow::Continue(None)
             }
             Ok((epoch, changes)) => {
@@ -283,7 +290,7 @@ impl Worker {
         };
         let outcome = tokio::select! {
             _ = self.cancel.cancelled() => return ControlFlow::Break(()),
-            o = post(&self.fanout.client, &self.fanout, sub, payload) => o,
+            o = post(&self.fanout.client, &self.target, payload) => o,
         };
         let now = OffsetDateTime::now_utc();
         let (retry, start) = (&mut self.content_retry, ContentAttempts::starting);
@@ -300,7 +307,7 @@ impl Worker {
             next_attempt_at: r.next_attempt_at,
         });
         self.fanout.external.set_retry(&sub.id, shown);
-        self.persist(sub).await;
+        self.persist(sub);
         ControlFlow::Continue(())
     }
 
@@ -310,12 +317,11 @@ impl Worker {
         ControlFlow::Break(())
     }
 
-    async fn persist(&self, sub: &Subscription) {
-        match self.fanout.store.put_delivery(&sub.id, &self.state).await {
-            Err(e) if !e.logged_by_store() => {
-                tracing::warn!(subscription = %sub.id, error = %e, "cannot save delivery state");
-            }
-            _ => {}
+    /// Records the state (written coalesced: `fanout::progress`). A cancelled worker records
+    /// nothing: it was replaced or its subscription removed.
+    fn persist(&self, sub: &Subscription) {
+        if !self.cancel.is_cancelled() {
+            self.fanout.progress.record(&sub.id, &self.state);
         }
     }
 }

@@ -2,7 +2,8 @@
 //! channel, the delivery id, the seq range, the signature) and what the answer means.
 
 use bytes::Bytes;
-use http::header::{CONTENT_TYPE, LINK, RETRY_AFTER};
+use http::header::{HeaderValue, CONTENT_TYPE, LINK, RETRY_AFTER};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::fanout::Fanout;
@@ -20,6 +21,47 @@ pub(super) enum Outcome {
         reason: String,
         retry_after: Option<Duration>,
     },
+}
+
+/// What every POST to one version of a subscription shares, made once (not per delivery):
+/// the parsed and checked callback URL, and the header values that never change.
+pub(super) struct Target {
+    pub(super) sub: Arc<Subscription>,
+    /// The callback, or why nothing can be sent to it.
+    url: Result<reqwest::Url, String>,
+    /// `Link: <hub>; rel="hub", <topic>; rel="self"`.
+    link: HeaderValue,
+    /// `X-Changehub-Channel`.
+    channel: HeaderValue,
+}
+
+impl Target {
+    pub(super) fn of(fanout: &Fanout, sub: Arc<Subscription>) -> Target {
+        let url = url::Url::parse(&sub.callback)
+            .map_err(|e| format!("bad callback URL: {e}"))
+            .and_then(|url| {
+                net::check_target(&url, fanout.config.allow_private_callbacks)
+                    .map(|()| url)
+                    .map_err(|e| e.to_string())
+            });
+        let link = format!(
+            "<{}>; rel=\"hub\", <{}>; rel=\"self\"",
+            fanout.config.urls.hub(),
+            sub.topic
+        );
+        Target {
+            url,
+            link: header_value(link),
+            channel: header_value(sub.channel.clone()),
+            sub,
+        }
+    }
+}
+
+/// A header value from text the hub made or checked (URLs, channel names); a value that is
+/// not one (never expected) is sent empty rather than failing the delivery.
+fn header_value(s: String) -> HeaderValue {
+    HeaderValue::try_from(s).unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
 /// What one POST carries.
@@ -40,12 +82,12 @@ pub(super) struct Payload<'a> {
 /// POSTs one notification to the callback.
 pub(super) async fn deliver(
     client: &reqwest::Client,
-    fanout: &Fanout,
-    sub: &Subscription,
+    target: &Target,
     body: Bytes,
     (first, last): (u64, u64),
     epoch: Option<&str>,
 ) -> Outcome {
+    let sub = &target.sub;
     // The epoch is in the id: after the log starts again, the same seqs are other changes.
     let delivery_id = match epoch {
         Some(epoch) => format!("{}-{epoch}-{first}-{last}", sub.id),
@@ -59,7 +101,7 @@ pub(super) async fn deliver(
         seqs: Some((first, last)),
         epoch,
     };
-    post(client, fanout, sub, payload).await
+    post(client, target, payload).await
 }
 
 /// POSTs a payload to the callback: the topic's `Content-Type`, `Link` rel=hub and rel=self
@@ -67,36 +109,26 @@ pub(super) async fn deliver(
 /// subscription has a secret.
 pub(super) async fn post(
     client: &reqwest::Client,
-    fanout: &Fanout,
-    sub: &Subscription,
+    target: &Target,
     payload: Payload<'_>,
 ) -> Outcome {
-    let callback = match url::Url::parse(&sub.callback) {
-        Ok(u) => u,
-        Err(e) => {
+    let url = match &target.url {
+        Ok(url) => url.clone(),
+        Err(reason) => {
             return Outcome::Failed {
-                reason: format!("bad callback URL: {e}"),
+                reason: reason.clone(),
                 retry_after: None,
             }
         }
     };
-    if let Err(e) = net::check_target(&callback, fanout.config.allow_private_callbacks) {
-        return Outcome::Failed {
-            reason: e.to_string(),
-            retry_after: None,
-        };
-    }
-    let link = format!(
-        "<{}>; rel=\"hub\", <{}>; rel=\"self\"",
-        fanout.config.urls.hub(),
-        sub.topic
-    );
+    let sub = &target.sub;
+    let delivery_id = header_value(payload.delivery_id);
     let mut request = client
-        .post(callback)
-        .header(LINK, link)
-        .header("X-Changehub-Channel", &sub.channel)
-        .header("X-Changehub-Delivery", &payload.delivery_id)
-        .header("webhook-id", &payload.delivery_id);
+        .post(url)
+        .header(LINK, target.link.clone())
+        .header("X-Changehub-Channel", target.channel.clone())
+        .header("X-Changehub-Delivery", delivery_id.clone())
+        .header("webhook-id", delivery_id);
     for extra in payload.extra_links {
         request = request.header(LINK, extra);
     }
@@ -105,8 +137,8 @@ pub(super) async fn post(
     }
     if let Some((first, last)) = payload.seqs {
         request = request
-            .header("X-Changehub-First", first.to_string())
-            .header("X-Changehub-Last", last.to_string());
+            .header("X-Changehub-First", first)
+            .header("X-Changehub-Last", last);
     }
     if let Some(epoch) = payload.epoch {
         request = request.header("X-Changehub-Epoch", epoch);

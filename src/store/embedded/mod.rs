@@ -101,10 +101,10 @@ struct AppendJob {
     reply: oneshot::Sender<Result<Appended, StoreError>>,
 }
 
-/// A delivery-state update: frequent (one per delivery), so it is grouped like appends.
+/// Delivery-state updates (subscription id, encoded state): frequent, so they come in
+/// batches (see `fanout::progress`) and are committed after the appends waiting with them.
 struct DeliveryJob {
-    id: String,
-    bytes: Vec<u8>,
+    states: Vec<(String, Vec<u8>)>,
     reply: oneshot::Sender<Result<(), StoreError>>,
 }
 
@@ -262,10 +262,11 @@ fn channel_meta(db: &Database, channel: &str) -> Result<ChannelMeta, StoreError>
     }
 }
 
-/// The writer thread: takes every waiting write, commits them in one transaction, answers
-/// each. The commit is fsynced when it holds an append; delivery state alone is not. While the
-/// store is broken it answers every write with the error at once, and tries to reopen the store
-/// every [`handle::RETRY`]; once reopened, it tells every watched head where its log stands.
+/// The writer thread: takes every waiting write and commits the appends among them in one
+/// fsynced transaction (group commit), then the delivery states in a second one that is not
+/// fsynced, so that delivery bookkeeping never delays an append's answer. While the store is
+/// broken it answers every write with the error at once, and tries to reopen the store every
+/// [`handle::RETRY`]; once reopened, it tells every watched head where its log stands.
 fn writer_loop(handle: &Handle, rx: std_mpsc::Receiver<WriteJob>, heads: &Heads) {
     loop {
         let first = match rx.recv_timeout(handle::RETRY) {
@@ -277,91 +278,112 @@ fn writer_loop(handle: &Handle, rx: std_mpsc::Receiver<WriteJob>, heads: &Heads)
             refresh_heads(&db, heads);
         }
         let Some(first) = first else { continue };
-        let mut jobs = vec![first];
-        while jobs.len() < MAX_GROUP {
+        let mut appends = Vec::new();
+        let mut deliveries = Vec::new();
+        let mut sort = |job| match job {
+            WriteJob::Append(job) => appends.push(job),
+            WriteJob::Delivery(job) => deliveries.push(job),
+        };
+        sort(first);
+        for _ in 1..MAX_GROUP {
             match rx.try_recv() {
-                Ok(job) => jobs.push(job),
+                Ok(job) => sort(job),
                 Err(_) => break,
             }
         }
-        let outcome = handle
-            .db_for(true, jobs.len())
-            .and_then(|db| handle.check(commit(&db, &mut jobs), true));
-        match outcome {
-            Ok((new_heads, results)) => {
-                {
-                    let heads = heads.lock().unwrap_or_else(|e| e.into_inner());
-                    for (channel, last) in new_heads {
-                        if let Some(tx) = heads.get(&channel) {
-                            tx.send_replace(last);
-                        }
-                    }
-                }
-                for (job, result) in jobs.into_iter().zip(results) {
-                    match job {
-                        WriteJob::Append(job) => {
-                            let _ = job.reply.send(result);
-                        }
-                        WriteJob::Delivery(job) => {
-                            let _ = job.reply.send(result.map(|_| ()));
-                        }
+        if !appends.is_empty() {
+            commit_appends(handle, heads, appends);
+        }
+        if !deliveries.is_empty() {
+            commit_deliveries(handle, deliveries);
+        }
+    }
+}
+
+/// Commits `jobs` in one durable transaction, moves the heads, answers each job.
+fn commit_appends(handle: &Handle, heads: &Heads, mut jobs: Vec<AppendJob>) {
+    let outcome = handle
+        .db_for(true, jobs.len())
+        .and_then(|db| handle.check(append_all(&db, &mut jobs), true));
+    match outcome {
+        Ok((new_heads, results)) => {
+            {
+                let heads = heads.lock().unwrap_or_else(|e| e.into_inner());
+                for (channel, last) in new_heads {
+                    if let Some(tx) = heads.get(&channel) {
+                        tx.send_replace(last);
                     }
                 }
             }
-            Err(e) => {
-                // Logged by the handle when the store broke; any other error here is rare.
-                if !matches!(e, StoreError::Full(_) | StoreError::Io(_)) {
-                    tracing::error!(error = %e, "write transaction failed");
-                }
-                for job in jobs {
-                    match job {
-                        WriteJob::Append(job) => {
-                            let _ = job.reply.send(Err(e.clone()));
-                        }
-                        WriteJob::Delivery(job) => {
-                            let _ = job.reply.send(Err(e.clone()));
-                        }
-                    }
-                }
+            for (job, result) in jobs.into_iter().zip(results) {
+                let _ = job.reply.send(result);
             }
         }
+        Err(e) => {
+            log_failed_write(&e);
+            for job in jobs {
+                let _ = job.reply.send(Err(e.clone()));
+            }
+        }
+    }
+}
+
+/// Commits every state of `jobs` in one transaction that is not fsynced; a state whose
+/// subscription was deleted meanwhile is dropped.
+fn commit_deliveries(handle: &Handle, jobs: Vec<DeliveryJob>) {
+    let outcome = handle.db_for(true, jobs.len()).and_then(|db| {
+        let write = || {
+            let mut txn = db.begin_write().map_err(failed)?;
+            txn.set_durability(Durability::None).map_err(failed)?;
+            {
+                let subs = txn.open_table(SUBSCRIPTIONS).map_err(failed)?;
+                let mut table = txn.open_table(DELIVERY).map_err(failed)?;
+                for (id, bytes) in jobs.iter().flat_map(|j| &j.states) {
+                    if subs.get(id.as_str()).map_err(failed)?.is_some() {
+                        table
+                            .insert(id.as_str(), bytes.as_slice())
+                            .map_err(failed)?;
+                    }
+                }
+            }
+            txn.commit().map_err(failed)
+        };
+        handle.check(write(), true)
+    });
+    if let Err(e) = &outcome {
+        log_failed_write(e);
+    }
+    for job in jobs {
+        let _ = job.reply.send(outcome.clone());
+    }
+}
+
+/// Logged by the handle when the store broke; any other error here is rare.
+fn log_failed_write(e: &StoreError) {
+    if !matches!(e, StoreError::Full(_) | StoreError::Io(_)) {
+        tracing::error!(error = %e, "write transaction failed");
     }
 }
 
 /// The new heads, and one result per job.
 type Committed = (HashMap<String, u64>, Vec<Result<Appended, StoreError>>);
 
-/// Commits `jobs` in one write transaction (see [`writer_loop`]).
-fn commit(db: &Database, jobs: &mut [WriteJob]) -> Result<Committed, StoreError> {
-    let durable = jobs.iter().any(|j| matches!(j, WriteJob::Append(_)));
-    let mut txn = db.begin_write().map_err(failed)?;
-    if !durable {
-        txn.set_durability(Durability::None).map_err(failed)?;
-    }
+/// Appends every job's changes in one durable write transaction (see [`writer_loop`]).
+fn append_all(db: &Database, jobs: &mut [AppendJob]) -> Result<Committed, StoreError> {
+    let txn = db.begin_write().map_err(failed)?;
     let mut new_heads = HashMap::new();
     let mut results = Vec::with_capacity(jobs.len());
     for job in jobs.iter_mut() {
-        match job {
-            WriteJob::Append(job) => {
-                let changes = std::mem::take(&mut job.changes);
-                let result = append_in(&txn, job, changes);
-                match &result {
-                    Ok(a) if !a.replayed => {
-                        new_heads.insert(job.channel.clone(), a.last);
-                    }
-                    Err(StoreError::IdempotencyConflict) | Ok(_) => {}
-                    Err(e) => return Err(e.clone()),
-                }
-                results.push(result);
+        let changes = std::mem::take(&mut job.changes);
+        let result = append_in(&txn, job, changes);
+        match &result {
+            Ok(a) if !a.replayed => {
+                new_heads.insert(job.channel.clone(), a.last);
             }
-            WriteJob::Delivery(job) => {
-                txn.open_table(DELIVERY)
-                    .map_err(failed)?
-                    .insert(job.id.as_str(), job.bytes.as_slice())
-                    .map_err(failed)?;
-                results.push(Ok(Appended::default()));
-            }
+            Err(StoreError::IdempotencyConflict) | Ok(_) => {}
+            Err(e) => return Err(e.clone()),
         }
+        results.push(result);
     }
     txn.commit().map_err(failed)?;
     Ok((new_heads, results))
@@ -750,12 +772,17 @@ impl Store for EmbeddedStore {
     }
 
     async fn put_delivery(&self, sub_id: &str, state: &DeliveryState) -> Result<(), StoreError> {
+        self.put_deliveries(&[(sub_id.to_string(), state.clone())])
+            .await
+    }
+
+    async fn put_deliveries(&self, states: &[(String, DeliveryState)]) -> Result<(), StoreError> {
+        let states = states
+            .iter()
+            .map(|(id, state)| Ok((id.clone(), encode(state)?)))
+            .collect::<Result<Vec<_>, StoreError>>()?;
         let (reply, answer) = oneshot::channel();
-        self.write(WriteJob::Delivery(DeliveryJob {
-            id: sub_id.to_string(),
-            bytes: encode(state)?,
-            reply,
-        }))?;
+        self.write(WriteJob::Delivery(DeliveryJob { states, reply }))?;
         answer
             .await
             .map_err(|_| StoreError::Unavailable("writer stopped".into()))?

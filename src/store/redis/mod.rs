@@ -309,7 +309,12 @@ impl Store for RedisStore {
     }
 
     async fn put_delivery(&self, sub_id: &str, state: &DeliveryState) -> Result<(), StoreError> {
-        subscriptions::put_delivery(self, sub_id, state).await
+        let states = [(sub_id.to_string(), state.clone())];
+        subscriptions::put_deliveries(self, &states).await
+    }
+
+    async fn put_deliveries(&self, states: &[(String, DeliveryState)]) -> Result<(), StoreError> {
+        subscriptions::put_deliveries(self, states).await
     }
 
     async fn delivery(&self, sub_id: &str) -> Result<Option<DeliveryState>, StoreError> {

@@ -126,31 +126,40 @@ pub(super) async fn all(store: &RedisStore) -> Result<Vec<Subscription>, StoreEr
     Ok(out)
 }
 
-pub(super) async fn put_delivery(
+/// Records delivery states: one atomic pipeline per channel (its keys share a slot). States of
+/// unknown subscriptions (removed meanwhile) are dropped.
+pub(super) async fn put_deliveries(
     store: &RedisStore,
-    sub_id: &str,
-    state: &DeliveryState,
+    states: &[(String, DeliveryState)],
 ) -> Result<(), StoreError> {
-    // Unknown subscription (removed meanwhile): nothing to record.
-    let Some(channel) = channel_of(store, sub_id).await? else {
-        return Ok(());
-    };
-    let mut pipe = redis::pipe();
-    pipe.atomic()
-        .hset(key(&channel, "delivery"), sub_id, encode(state)?)
-        .ignore();
-    match &state.pending {
-        Some(p) => pipe
-            .zadd(
-                key(&channel, "retries"),
-                sub_id,
-                p.next_attempt_at.unix_timestamp(),
-            )
-            .ignore(),
-        None => pipe.zrem(key(&channel, "retries"), sub_id).ignore(),
-    };
+    let mut by_channel: HashMap<String, redis::Pipeline> = HashMap::new();
+    for (sub_id, state) in states {
+        let Some(channel) = channel_of(store, sub_id).await? else {
+            continue;
+        };
+        let pipe = by_channel.entry(channel.clone()).or_insert_with(|| {
+            let mut pipe = redis::pipe();
+            pipe.atomic();
+            pipe
+        });
+        pipe.hset(key(&channel, "delivery"), sub_id, encode(state)?)
+            .ignore();
+        match &state.pending {
+            Some(p) => pipe
+                .zadd(
+                    key(&channel, "retries"),
+                    sub_id,
+                    p.next_attempt_at.unix_timestamp(),
+                )
+                .ignore(),
+            None => pipe.zrem(key(&channel, "retries"), sub_id).ignore(),
+        };
+    }
     let mut conn = store.conn();
-    timed(pipe.query_async::<()>(&mut conn)).await
+    for pipe in by_channel.values() {
+        timed(pipe.query_async::<()>(&mut conn)).await?;
+    }
+    Ok(())
 }
 
 pub(super) async fn delivery(

@@ -1,0 +1,217 @@
+//! Rendered documents kept for the next request: a channel's topic (until its entity tag
+//! changes) and recently read closed Change Lists (they never change). Each is rendered once
+//! and, when a client asks for gzip, compressed once; later requests copy bytes.
+//!
+//! Bounds: one topic per channel, and closed lists up to [`CLOSED_BYTES`] in all (the oldest
+//! dropped first).
+
+use axum::http::{header, HeaderMap, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use std::collections::{HashMap, VecDeque};
+use std::io::Write;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Most bytes of closed lists kept.
+pub const CLOSED_BYTES: usize = 64 << 20;
+/// Smaller documents are sent as they are (gzip saves little there).
+const GZIP_FROM: usize = 1024;
+
+/// One rendered document, and its gzip form once a client asked for it.
+pub struct Rendered {
+    body: Bytes,
+    gzip: OnceLock<Option<Bytes>>,
+}
+
+impl Rendered {
+    pub fn new(body: Vec<u8>) -> Arc<Rendered> {
+        Arc::new(Rendered {
+            body: Bytes::from(body),
+            gzip: OnceLock::new(),
+        })
+    }
+
+    /// An `application/xml` response: gzip when the request accepts it and the document is
+    /// not tiny, else the bytes as rendered.
+    pub fn response(&self, request: &HeaderMap) -> Response {
+        let xml = HeaderValue::from_static("application/xml");
+        let vary = HeaderValue::from_static("accept-encoding");
+        if self.body.len() >= GZIP_FROM && accepts_gzip(request) {
+            if let Some(gz) = self.gzip.get_or_init(|| gzip(&self.body)) {
+                let gzip = HeaderValue::from_static("gzip");
+                let headers = [
+                    (header::CONTENT_TYPE, xml),
+                    (header::CONTENT_ENCODING, gzip),
+                    (header::VARY, vary),
+                ];
+                return (headers, gz.clone()).into_response();
+            }
+        }
+        let headers = [(header::CONTENT_TYPE, xml), (header::VARY, vary)];
+        (headers, self.body.clone()).into_response()
+    }
+}
+
+/// True when `Accept-Encoding` lists gzip with a non-zero quality.
+fn accepts_gzip(request: &HeaderMap) -> bool {
+    request
+        .get_all(header::ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|coding| {
+            let mut parts = coding.split(';').map(str::trim);
+            let name = parts.next().unwrap_or("");
+            let refused = parts.any(|p| {
+                p.strip_prefix("q=")
+                    .and_then(|q| q.parse::<f32>().ok())
+                    .is_some_and(|q| q == 0.0)
+            });
+            (name.eq_ignore_ascii_case("gzip") || name == "*") && !refused
+        })
+}
+
+fn gzip(body: &[u8]) -> Option<Bytes> {
+    let mut encoder = flate2::write::GzEncoder::new(
+        Vec::with_capacity(body.len() / 4),
+        flate2::Compression::fast(),
+    );
+    encoder.write_all(body).ok()?;
+    encoder.finish().ok().map(Bytes::from)
+}
+
+/// The rendered documents of every channel (see the module docs).
+#[derive(Default)]
+pub struct RenderedDocs {
+    /// Channel → (the key it was rendered for, the document).
+    topics: Mutex<HashMap<String, (String, Arc<Rendered>)>>,
+    closed: Mutex<ClosedLists>,
+}
+
+#[derive(Default)]
+struct ClosedLists {
+    by_key: HashMap<String, Arc<Rendered>>,
+    /// Keys, oldest first.
+    order: VecDeque<String>,
+    bytes: usize,
+}
+
+impl RenderedDocs {
+    /// `channel`'s topic if it was rendered for `key` (its entity tag and epoch).
+    pub fn topic(&self, channel: &str, key: &str) -> Option<Arc<Rendered>> {
+        let topics = self.topics.lock().unwrap_or_else(|e| e.into_inner());
+        topics
+            .get(channel)
+            .filter(|(k, _)| k == key)
+            .map(|(_, doc)| doc.clone())
+    }
+
+    pub fn keep_topic(&self, channel: &str, key: String, doc: Arc<Rendered>) {
+        let mut topics = self.topics.lock().unwrap_or_else(|e| e.into_inner());
+        topics.insert(channel.to_string(), (key, doc));
+    }
+
+    /// A closed list rendered before (`key` names its channel, epoch and range).
+    pub fn closed(&self, key: &str) -> Option<Arc<Rendered>> {
+        let closed = self.closed.lock().unwrap_or_else(|e| e.into_inner());
+        closed.by_key.get(key).cloned()
+    }
+
+    pub fn keep_closed(&self, key: String, doc: Arc<Rendered>) {
+        let mut closed = self.closed.lock().unwrap_or_else(|e| e.into_inner());
+        if closed.by_key.contains_key(&key) || doc.body.len() > CLOSED_BYTES {
+            return;
+        }
+        closed.bytes += doc.body.len();
+        closed.order.push_back(key.clone());
+        closed.by_key.insert(key, doc);
+        while closed.bytes > CLOSED_BYTES {
+            let Some(oldest) = closed.order.pop_front() else {
+                break;
+            };
+            if let Some(doc) = closed.by_key.remove(&oldest) {
+                closed.bytes -= doc.body.len();
+            }
+        }
+    }
+
+    /// Forgets a channel's documents (it was deleted; a new channel of that name starts anew).
+    pub fn forget(&self, channel: &str) {
+        self.topics
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(channel);
+        let prefix = format!("{channel}\n");
+        let mut closed = self.closed.lock().unwrap_or_else(|e| e.into_inner());
+        let ClosedLists {
+            by_key,
+            order,
+            bytes,
+        } = &mut *closed;
+        order.retain(|k| {
+            let gone = k.starts_with(&prefix);
+            if gone {
+                if let Some(doc) = by_key.remove(k) {
+                    *bytes -= doc.body.len();
+                }
+            }
+            !gone
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::to_bytes;
+    use std::io::Read;
+
+    fn accepting(value: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::ACCEPT_ENCODING,
+            HeaderValue::from_str(value).unwrap(),
+        );
+        h
+    }
+
+    #[tokio::test]
+    async fn gzip_only_when_asked_and_decodes_to_the_same_bytes() {
+        let body = b"<urlset>".repeat(500);
+        let doc = Rendered::new(body.clone());
+        let plain = doc.response(&HeaderMap::new());
+        assert!(plain.headers().get(header::CONTENT_ENCODING).is_none());
+        assert_eq!(to_bytes(plain.into_body(), usize::MAX).await.unwrap(), body);
+        for refused in ["identity", "gzip;q=0", "br"] {
+            let r = doc.response(&accepting(refused));
+            assert!(
+                r.headers().get(header::CONTENT_ENCODING).is_none(),
+                "{refused}"
+            );
+        }
+        let zipped = doc.response(&accepting("br, gzip;q=0.8"));
+        assert_eq!(zipped.headers()[header::CONTENT_ENCODING], "gzip");
+        let bytes = to_bytes(zipped.into_body(), usize::MAX).await.unwrap();
+        let mut out = Vec::new();
+        flate2::read::GzDecoder::new(&bytes[..])
+            .read_to_end(&mut out)
+            .unwrap();
+        assert_eq!(out, body);
+    }
+
+    #[test]
+    fn closed_lists_stay_within_their_bound_oldest_dropped_first() {
+        let docs = RenderedDocs::default();
+        let size = CLOSED_BYTES / 3;
+        for k in 0..4 {
+            docs.keep_closed(format!("c\n{k}"), Rendered::new(vec![b'x'; size]));
+        }
+        assert!(docs.closed("c\n0").is_none(), "the oldest went");
+        assert!(docs.closed("c\n3").is_some());
+        docs.keep_topic("c", "k1".into(), Rendered::new(vec![]));
+        assert!(docs.topic("c", "k1").is_some());
+        assert!(docs.topic("c", "k2").is_none(), "another key is a miss");
+        docs.forget("c");
+        assert!(docs.closed("c\n3").is_none() && docs.topic("c", "k1").is_none());
+    }
+}
