@@ -200,11 +200,7 @@ fn open(reader: &NsReader<&[u8]>, e: &BytesStart<'_>) -> Result<Element, ParseEr
             .normalized_value(XmlVersion::Implicit1_0)
             .map_err(malformed)?
             .into_owned();
-        attrs.push((
-            classify(result)?,
-            local.into_inner().to_string(),
-            value,
-        ));
+        attrs.push((classify(result)?, local.into_inner().to_string(), value));
     }
     Ok(Element {
         ns,

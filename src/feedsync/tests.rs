@@ -81,9 +81,9 @@ fn the_conflict_example_is_written_as_the_spec_shows_it() {
  <sx:history sequence="1" when="2005-05-21T09:43:33Z" by="REO1750"/>
  </sx:sync>"#;
     assert!(squeeze(&xml).contains(&squeeze(spec)), "{xml}");
-    assert!(xml.contains(
-        r#"<sx:sharing since="00000000000000000000" until="00000000000000000007"/>"#
-    ));
+    assert!(
+        xml.contains(r#"<sx:sharing since="00000000000000000000" until="00000000000000000007"/>"#)
+    );
     assert!(xml.contains(r#"<item ch:seq="7">"#));
 }
 
@@ -141,11 +141,17 @@ fn hostile_or_broken_collections_are_refused() {
         (ok.replace("updates=\"4\"", "updates=\"0\""), "updates"),
         (ok.replace("sequence=\"4\"", "sequence=\"x\""), "sequence"),
         (ok.replace("12:43:33Z", "12:43:33.5Z"), "fractional"),
-        (ok.replace("<loc>http://example.com/groceries</loc>", ""), "loc"),
+        (
+            ok.replace("<loc>http://example.com/groceries</loc>", ""),
+            "loc",
+        ),
         (ok.replace("deleted=\"true\"", "deleted=\"yes\""), "deleted"),
         (ok.replace("</collection>", ""), "not closed"),
         (
-            ok.replace("<?xml version=\"1.0\" encoding=\"UTF-8\"?>", "<!DOCTYPE x []>"),
+            ok.replace(
+                "<?xml version=\"1.0\" encoding=\"UTF-8\"?>",
+                "<!DOCTYPE x []>",
+            ),
             "DOCTYPE",
         ),
         (ok.replace("by=\"GPM7383\"", "by=\"not nss\""), "by"),
@@ -161,7 +167,12 @@ fn hostile_or_broken_collections_are_refused() {
     ));
     let deep = format!("<collection>{}", "<a>".repeat(40));
     assert!(parse_pox(deep.as_bytes(), 10).is_err());
-    for bad in ["{", "{}", "[1]", r#"[{"loc":"http://e.org/a","sync":{"id":"x","updates":"1","history":[]}}]"#] {
+    for bad in [
+        "{",
+        "{}",
+        "[1]",
+        r#"[{"loc":"http://e.org/a","sync":{"id":"x","updates":"1","history":[]}}]"#,
+    ] {
         assert!(parse_json(bad.as_bytes(), 10).is_err(), "{bad}");
     }
 }

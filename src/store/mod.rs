@@ -236,8 +236,7 @@ pub trait Store: Send + Sync + 'static {
     async fn sync_item(&self, channel: &str, loc: &str) -> Result<Option<Synced>, StoreError>;
 
     /// Up to `limit` resources of `channel` whose items carry conflicts, in loc order.
-    async fn sync_conflicts(&self, channel: &str, limit: usize)
-        -> Result<Vec<Synced>, StoreError>;
+    async fn sync_conflicts(&self, channel: &str, limit: usize) -> Result<Vec<Synced>, StoreError>;
 
     /// Appends the changes of a FeedSync merge (one per loc) in one atomic write, each item
     /// taking its merged state, if the latest change of every loc still has the seq the merge

@@ -177,7 +177,8 @@ fn deletion_sets_the_tombstone_and_undeletion_clears_it() {
 fn compaction_keeps_the_newest_update_of_each_endpoint() {
     let mut sync = example_1_4();
     sync.update(Some("GPM7383"), when("12:53:33"), false);
-    sync.history.insert(1, history(&["4 JEO2000 12:03:33"])[0].clone());
+    sync.history
+        .insert(1, history(&["4 JEO2000 12:03:33"])[0].clone());
     sync.compact();
     assert_eq!(
         sync.history,

@@ -14,8 +14,8 @@
 
 use redb::{Database, ReadTransaction, ReadableDatabase, ReadableTable, Table, TableDefinition};
 use redb::{TableError, WriteTransaction};
-use tokio::sync::oneshot;
 use time::OffsetDateTime;
+use tokio::sync::oneshot;
 
 use super::index::{seq_of, IndexWriter, RESOURCES, RESOURCE_ORDER};
 use super::{append_in, decode, encode, failed, AppendJob, EmbeddedStore, CHANGES, CHANNELS};

@@ -702,11 +702,7 @@ impl Store for EmbeddedStore {
             .await
     }
 
-    async fn sync_conflicts(
-        &self,
-        channel: &str,
-        limit: usize,
-    ) -> Result<Vec<Synced>, StoreError> {
+    async fn sync_conflicts(&self, channel: &str, limit: usize) -> Result<Vec<Synced>, StoreError> {
         let channel = channel.to_string();
         self.blocking(false, move |db| feedsync::conflicted(db, &channel, limit))
             .await

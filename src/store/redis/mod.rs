@@ -301,11 +301,7 @@ impl Store for RedisStore {
         feedsync::one(self, channel, loc).await
     }
 
-    async fn sync_conflicts(
-        &self,
-        channel: &str,
-        limit: usize,
-    ) -> Result<Vec<Synced>, StoreError> {
+    async fn sync_conflicts(&self, channel: &str, limit: usize) -> Result<Vec<Synced>, StoreError> {
         feedsync::conflicted(self, channel, limit).await
     }
 
