@@ -49,7 +49,7 @@ async fn collection(
     Ok(catchup::feedsync_collection(state.store.as_ref(), name, since).await?)
 }
 
-fn document(content_type: &'static str, body: Vec<u8>, until: u64) -> Response {
+fn document(content_type: &'static str, body: String, until: u64) -> Response {
     let mut response = ([(http::header::CONTENT_TYPE, content_type)], body).into_response();
     let headers = response.headers_mut();
     if let Ok(v) = HeaderValue::from_str(&until.to_string()) {
@@ -70,8 +70,11 @@ pub async fn collection_xml(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let c = collection(&state, &name, &headers, &q).await?;
-    let body = feedsync::write_pox(&c).into_bytes();
-    Ok(document("application/xml", body, c.until))
+    Ok(document(
+        "application/xml",
+        feedsync::write_pox(&c),
+        c.until,
+    ))
 }
 
 /// `GET /channels/{name}/feedsync.json[?since=SEQ]`
@@ -82,7 +85,7 @@ pub async fn collection_json(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let c = collection(&state, &name, &headers, &q).await?;
-    let body = feedsync::write_json(&c).to_string().into_bytes();
+    let body = feedsync::write_json(&c).to_string();
     Ok(document("application/json", body, c.until))
 }
 
