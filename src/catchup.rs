@@ -12,12 +12,15 @@
 //!   (a Resource List Index of pages when the channel has more than [`MAX_RESOURCES`]
 //!   resources); [`resource_list_page`] serves one page.
 //! - [`capability_list`] and [`source_description`]: ResourceSync discovery.
+//! - [`feedsync_collection`]: the channel's FeedSync items as a collection (complete, or
+//!   partial from a seq).
 //!
 //! Everything here only reads the store. Access rules (private channels) are checked by the
 //! caller.
 
 use time::OffsetDateTime;
 
+use crate::feedsync;
 use crate::model::{Change, ChangeType, Lists};
 use crate::net::Urls;
 use crate::resourcesync::{
@@ -536,4 +539,36 @@ pub fn source_description<'a>(urls: &Urls, channels: impl Iterator<Item = &'a st
     let lists: Vec<String> = channels.map(|c| urls.capability_list(c)).collect();
     let links = [DocLink::new("describedby", urls.home())];
     resourcesync::write_source_description(&links, &lists)
+}
+
+/// Most items in one FeedSync collection document.
+pub const MAX_COLLECTION: usize = 10_000;
+
+/// The FeedSync collection of `channel`: the items of the resources whose latest change is
+/// after seq `since` (0: the complete collection), at most [`MAX_COLLECTION`] of them, in seq
+/// order. Its `until` is the channel's newest seq, or the seq of the last item when more
+/// remain (read on with `since` = that `until`).
+pub async fn feedsync_collection(
+    store: &dyn Store,
+    channel: &str,
+    since: u64,
+) -> Result<feedsync::Collection, StoreError> {
+    let page = store.sync_items(channel, since, MAX_COLLECTION).await?;
+    let until = match page.items.last() {
+        Some(last) if page.items.len() == MAX_COLLECTION => last.change.seq,
+        _ => page.last.max(since),
+    };
+    let items = page
+        .items
+        .iter()
+        .map(|synced| feedsync::Entry {
+            seq: synced.change.seq,
+            item: crate::model::feedsync::Item::of(synced),
+        })
+        .collect();
+    Ok(feedsync::Collection {
+        since,
+        until,
+        items,
+    })
 }

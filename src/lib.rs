@@ -20,6 +20,8 @@
 //! - [`catchup`]: the documents subscribers pull to catch up, and discovery.
 //! - [`cluster`] and [`ownership`]: several instances on one Redis, one owner per channel.
 //! - [`resourcesync`]: ResourceSync documents, written and parsed.
+//! - [`feedsync`]: FeedSync collections, written and parsed (the sync algorithms are
+//!   [`model::feedsync`]).
 //!
 //! Around them: [`http`] (the web layer, the only room that knows axum), [`client`] (the
 //! client commands), [`net`] (outbound HTTP, Link headers, URLs), [`auth`] (tokens and
@@ -38,6 +40,7 @@ pub mod cluster;
 pub mod config;
 pub mod external;
 pub mod fanout;
+pub mod feedsync;
 pub mod hosted;
 pub mod http;
 pub mod ingest;

@@ -5,7 +5,7 @@
 //! - No domain room imports the web layer.
 //! - The store imports the model and nothing else of the hub (never the fan-out).
 //! - The model imports nothing of the hub.
-//! - The document model (`resourcesync/`) knows neither HTTP nor the store.
+//! - The document models (`resourcesync/`, `feedsync/`) know neither HTTP nor the store.
 //! - The client commands use only the model, the retry helper, the ResourceSync documents,
 //!   `net` (HTTP as a protocol) and each other.
 
@@ -106,6 +106,7 @@ fn violations(sources: Vec<(String, Vec<String>)>) -> Vec<String> {
                     "model" => Some(&["model"]),
                     "store" => Some(&["store", "model", "retry"]),
                     "resourcesync" => Some(&["resourcesync", "model"]),
+                    "feedsync" => Some(&["feedsync", "model"]),
                     "client" => Some(&["client", "model", "retry", "resourcesync", "net"]),
                     _ => Some(&[]),
                 };

@@ -2,6 +2,7 @@
 //! gets the whole suite through `contract_tests!`, with a factory that opens a store and can
 //! open it again on the same data (to check durability).
 
+use changehub::model::feedsync::{self, SyncState};
 use changehub::model::Algorithm;
 use changehub::model::Retention;
 use changehub::model::{parse_w3c_datetime, ChangeType, NewChange};
@@ -743,6 +744,249 @@ pub async fn index_matches_the_log_after_concurrent_appends(e: &dyn Engine) {
     assert_eq!(s.resource_count("c").await.unwrap(), 30);
 }
 
+/// A change of `loc` of kind `kind` sent by publisher `who` (none: no publisher).
+fn sent(loc: &str, kind: ChangeType, who: Option<&str>, when: &str) -> NewChange {
+    NewChange {
+        source: who.map(str::to_string),
+        datetime: Some(at(when)),
+        ..NewChange::new(format!("http://example.com/{loc}"), kind)
+    }
+}
+
+/// Every change updates its resource's FeedSync item as `feedsync::record_local` says
+/// (creation, updates by the same and by another endpoint, a tombstone, a change without a
+/// publisher), on every engine and across a reopening.
+pub async fn feedsync_items_follow_every_change(e: &dyn Engine) {
+    let s = e.open();
+    let now = at("2024-01-01T00:00:00Z");
+    let script = [
+        sent(
+            "a",
+            ChangeType::Created,
+            Some("alice"),
+            "2024-01-01T00:00:01Z",
+        ),
+        sent("b", ChangeType::Created, None, "2024-01-01T00:00:02Z"),
+        sent(
+            "a",
+            ChangeType::Updated,
+            Some("alice"),
+            "2024-01-01T00:00:03.5Z",
+        ),
+        sent(
+            "a",
+            ChangeType::Updated,
+            Some("bob"),
+            "2024-01-01T00:00:04Z",
+        ),
+        sent(
+            "a",
+            ChangeType::Deleted,
+            Some("alice"),
+            "2024-01-01T00:00:05Z",
+        ),
+        sent(
+            "b",
+            ChangeType::Updated,
+            Some("bob"),
+            "2024-01-01T00:00:06Z",
+        ),
+    ];
+    let mut expected: std::collections::BTreeMap<String, SyncState> = Default::default();
+    for new in &script {
+        let current = expected.remove(&new.loc);
+        let sync = feedsync::record_local(
+            current,
+            &new.loc,
+            new.source.as_deref(),
+            new.datetime.unwrap(),
+            new.change == ChangeType::Deleted,
+        );
+        expected.insert(new.loc.clone(), sync);
+    }
+    // Two appends: one item is updated twice in one append, and again in the next.
+    s.append("c", script[..3].to_vec(), None, now)
+        .await
+        .unwrap();
+    s.append("c", script[3..].to_vec(), None, now)
+        .await
+        .unwrap();
+    let a = &expected["http://example.com/a"];
+    assert_eq!(a.updates, 4);
+    assert!(a.deleted);
+    assert_eq!(a.id, "http:%2F%2Fexample.com%2Fa");
+    assert_eq!(
+        a.history
+            .iter()
+            .map(|h| (h.sequence, h.by.as_deref()))
+            .collect::<Vec<_>>(),
+        [(4, Some("alice")), (3, Some("bob"))],
+        "compacted: one update per endpoint"
+    );
+    check_items(s.as_ref(), &expected).await;
+    drop(s);
+    check_items(e.open().as_ref(), &expected).await;
+}
+
+async fn check_items(s: &dyn Store, expected: &std::collections::BTreeMap<String, SyncState>) {
+    let page = s.sync_items("c", 0, 10).await.unwrap();
+    assert_eq!(page.last, 6);
+    let got: Vec<(u64, &str)> = page
+        .items
+        .iter()
+        .map(|i| (i.change.seq, i.change.loc.as_str()))
+        .collect();
+    assert_eq!(
+        got,
+        [(5, "http://example.com/a"), (6, "http://example.com/b")]
+    );
+    for item in &page.items {
+        assert_eq!(item.sync, expected[&item.change.loc], "{}", item.change.loc);
+        assert_eq!(item.change.conflicts, 0);
+    }
+    let one = s.sync_item("c", "http://example.com/a").await.unwrap();
+    assert_eq!(one.unwrap().sync, expected["http://example.com/a"]);
+    assert!(s
+        .sync_item("c", "http://example.com/z")
+        .await
+        .unwrap()
+        .is_none());
+    assert_eq!(s.sync_items("c", 5, 10).await.unwrap().items.len(), 1);
+}
+
+/// A merge is appended only if nothing it read has moved; its items take their merged state,
+/// their changes record the conflicts, the conflicts are listed, and an update by the
+/// conflicting endpoint resolves them.
+pub async fn merges_are_appended_only_onto_what_they_read(e: &dyn Engine) {
+    let s = e.open();
+    let now = at("2024-01-01T00:00:00Z");
+    let loc = "http://example.com/m";
+    s.append(
+        "c",
+        vec![sent(
+            "m",
+            ChangeType::Created,
+            Some("alice"),
+            "2024-01-01T00:00:01Z",
+        )],
+        None,
+        now,
+    )
+    .await
+    .unwrap();
+    let local = s.sync_item("c", loc).await.unwrap().unwrap();
+    let mut theirs = local.sync.clone();
+    theirs.update(
+        Some("carol"),
+        Some(at("2024-01-01T00:00:02Z").unix_timestamp()),
+        false,
+    );
+    let mut ours = local.sync.clone();
+    ours.update(
+        Some("alice"),
+        Some(at("2024-01-01T00:00:03Z").unix_timestamp()),
+        false,
+    );
+    let data = |hash: &str| feedsync::ItemData {
+        hash: Some(hash.into()),
+        ..feedsync::ItemData::of(&local.change)
+    };
+    let merged = feedsync::merge(
+        Some(&feedsync::Item {
+            sync: ours,
+            data: data("md5:aa"),
+        }),
+        &feedsync::Item {
+            sync: theirs,
+            data: data("md5:cc"),
+        },
+    );
+    assert_eq!(merged.sync.conflicts.len(), 1);
+    let change = |expected: u64| feedsync::MergedChange {
+        change: NewChange {
+            hash: merged.data.hash.clone(),
+            source: Some("carol".into()),
+            ..NewChange::new(loc, ChangeType::Updated)
+        },
+        expected,
+        sync: merged.sync.clone(),
+    };
+    assert_eq!(
+        s.append_merged("c", vec![change(7)], now).await.unwrap(),
+        None
+    );
+    assert_eq!(
+        s.head("c").await.unwrap().last,
+        1,
+        "a stale merge appends nothing"
+    );
+    let done = s
+        .append_merged("c", vec![change(1)], now)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((done.first, done.last), (2, 2));
+    let read = s.read("c", 1, 10).await.unwrap();
+    assert_eq!(read[0].conflicts, 1);
+    assert_eq!(read[0].hash.as_deref(), Some("md5:aa"));
+    let stored = s.sync_item("c", loc).await.unwrap().unwrap();
+    assert_eq!(stored.sync, merged.sync);
+    assert_eq!(stored.change.conflicts, 1);
+    let open = s.sync_conflicts("c", 10).await.unwrap();
+    assert_eq!(open.len(), 1);
+    assert_eq!(open[0].change.loc, loc);
+
+    // Another endpoint's update keeps the conflict (the store computes what the model does) …
+    s.append(
+        "c",
+        vec![sent(
+            "m",
+            ChangeType::Updated,
+            Some("bob"),
+            "2024-01-01T00:00:04Z",
+        )],
+        None,
+        now,
+    )
+    .await
+    .unwrap();
+    let mut expected = merged.sync.clone();
+    expected.update(
+        Some("bob"),
+        Some(at("2024-01-01T00:00:04Z").unix_timestamp()),
+        false,
+    );
+    expected.compact();
+    let stored = s.sync_item("c", loc).await.unwrap().unwrap();
+    assert_eq!(stored.sync, expected);
+    assert_eq!(s.read("c", 2, 10).await.unwrap()[0].conflicts, 1);
+    // … and carol's resolves hers.
+    s.append(
+        "c",
+        vec![sent(
+            "m",
+            ChangeType::Updated,
+            Some("carol"),
+            "2024-01-01T00:00:05Z",
+        )],
+        None,
+        now,
+    )
+    .await
+    .unwrap();
+    expected.update(
+        Some("carol"),
+        Some(at("2024-01-01T00:00:05Z").unix_timestamp()),
+        false,
+    );
+    expected.compact();
+    let stored = s.sync_item("c", loc).await.unwrap().unwrap();
+    assert_eq!(stored.sync, expected);
+    assert!(stored.sync.conflicts.is_empty());
+    assert_eq!(s.read("c", 3, 10).await.unwrap()[0].conflicts, 0);
+    assert!(s.sync_conflicts("c", 10).await.unwrap().is_empty());
+}
+
 macro_rules! contract_tests {
     ($engine:ident, $make:expr) => {
         mod $engine {
@@ -767,6 +1011,8 @@ macro_rules! contract_tests {
                 channel_origin_is_recorded_once,
                 resource_marks_cut_the_index_into_pages,
                 index_matches_the_log_after_concurrent_appends,
+                feedsync_items_follow_every_change,
+                merges_are_appended_only_onto_what_they_read,
             );
         }
     };

@@ -290,6 +290,36 @@ pub async fn resource(
     }
 }
 
+/// `GET /api/channels/{name}/conflicts`: the resources whose FeedSync items carry conflicts
+/// (at most 1,000, in loc order), each as an item of the JSON collection form, its
+/// conflicting versions under `sync.conflicts`. A source resolves one by posting an item that
+/// subsumes them (`POST /channels/{name}/feedsync`), or by a change of its own when its version
+/// is the one in conflict.
+pub async fn conflicts(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    authorize(&state, &headers)?;
+    if !state.feeds.contains(&name) && state.external.by_channel(&name).is_none() {
+        return Err(ApiError::not_found(format!("no channel {name:?}")));
+    }
+    let open = state.store.sync_conflicts(&name, 1000).await?;
+    let collection = crate::feedsync::Collection {
+        since: 0,
+        until: 0,
+        items: open
+            .iter()
+            .map(|s| crate::feedsync::Entry {
+                seq: s.change.seq,
+                item: crate::model::feedsync::Item::of(s),
+            })
+            .collect(),
+    };
+    let items = crate::feedsync::write_json(&collection)["items"].take();
+    Ok(Json(serde_json::json!({ "conflicts": items })).into_response())
+}
+
 #[derive(Serialize)]
 struct SubscriptionView {
     id: String,

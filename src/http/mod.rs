@@ -10,6 +10,7 @@
 //! | `catchup.rs` | `changelist.xml`, the archive and closed lists, `changes?after=`, `resourcelist.xml`, `capabilitylist.xml`, `/.well-known/resourcesync` | [`crate::catchup`] |
 //! | `ws.rs` | `GET /ws` (the websocket session: queue, slow consumers, pings) | [`crate::live`] |
 //! | `sse.rs` | `GET /channels/{name}/events` | [`crate::live`] |
+//! | `feedsync.rs` | `feedsync.xml`, `feedsync.json`, `POST /channels/{name}/feedsync` | [`crate::catchup`], [`crate::ingest::feedsync`] |
 //! | `admin.rs` | `/api/…` | [`crate::fanout`], [`crate::external`], the store |
 //! | `dashboard.rs` | `GET /`, its assets, `GET /channels` | the store |
 //! | `health.rs` | `/healthz`, `/readyz` | the store |
@@ -20,6 +21,7 @@ mod admin;
 mod catchup;
 mod dashboard;
 mod error;
+mod feedsync;
 mod health;
 mod ingest;
 mod listen;
@@ -95,6 +97,14 @@ pub fn router(state: AppState) -> Router {
             get(catchup::resource_list),
         )
         .route(
+            "/channels/{name}/feedsync.xml",
+            get(feedsync::collection_xml),
+        )
+        .route(
+            "/channels/{name}/feedsync.json",
+            get(feedsync::collection_json),
+        )
+        .route(
             "/.well-known/resourcesync",
             get(catchup::source_description),
         )
@@ -116,7 +126,9 @@ pub fn router(state: AppState) -> Router {
             "/api/channels/{name}",
             axum::routing::put(admin::put_channel).delete(admin::delete_channel),
         )
+        .route("/channels/{name}/feedsync", post(feedsync::post_collection))
         .route("/api/channels/{name}/resources", get(admin::resource))
+        .route("/api/channels/{name}/conflicts", get(admin::conflicts))
         .route("/api/subscriptions", get(admin::subscriptions))
         .route("/api/live", get(admin::live))
         .route(

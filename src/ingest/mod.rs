@@ -5,7 +5,9 @@
 //!
 //! Invariant: ingest never talks to subscribers; it only writes the log.
 //! (The second way in is [`crate::external`]: external topics fetched or fat-pinged.)
+//! [`feedsync`] incorporates FeedSync collections: merged item by item, appended as changes.
 
+pub mod feedsync;
 mod parse;
 
 pub use parse::{parse_body, BodyError, Format};

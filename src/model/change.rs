@@ -112,6 +112,14 @@ pub struct Change {
     /// The publisher that sent it, when it came through the ingest endpoint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
+    /// How many conflicting versions the resource's FeedSync item carries after this change
+    /// (see [`super::feedsync`]); set by the store, 0 for most changes.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub conflicts: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl Change {
@@ -135,6 +143,7 @@ impl Change {
             media_type: new.media_type,
             links: new.links,
             source: new.source,
+            conflicts: 0,
         }
     }
 }

@@ -7,9 +7,11 @@
 //! - [`subscription`]: a verified WebSub subscription and how far it has been served.
 //! - [`signature`]: `X-Hub-Signature`: the algorithms, signing and checking.
 //! - [`channel`]: channel names and retention.
+//! - [`feedsync`]: FeedSync sync metadata of every resource: update, merge, conflicts.
 
 pub mod change;
 pub mod channel;
+pub mod feedsync;
 pub mod notification;
 pub mod signature;
 pub mod subscription;

@@ -30,6 +30,7 @@ fn change(seq: u64, loc: &str, kind: ChangeType, datetime: &str) -> Change {
         media_type: None,
         links: vec![],
         source: None,
+        conflicts: 0,
     }
 }
 

@@ -365,6 +365,9 @@ impl Out {
             self.attr("type", media_type);
         }
         self.u64_attr("ch:seq", c.seq);
+        if c.conflicts > 0 {
+            self.u64_attr("ch:conflicts", u64::from(c.conflicts));
+        }
         self.raw("/>\n");
         for link in &c.links {
             self.link(link);

@@ -15,6 +15,11 @@
 //! - The resource index (the latest change of every `loc`, [`Store::resources`]) is written in
 //!   the same atomic write as the log, so the two never disagree; retention trims the log,
 //!   never the index.
+//! - Every resource of the index has a FeedSync item ([`Store::sync_items`]), written in the same
+//!   atomic write as the change it derives from: the hub's own changes update it (§3.1–3.2 of
+//!   FeedSync, by the endpoint of the change's publisher), a merge sets it
+//!   ([`Store::append_merged`]); each logged change records how many conflicts the item
+//!   carries then (`Change::conflicts`).
 
 pub mod embedded;
 pub mod redis;
@@ -25,6 +30,7 @@ use std::time::Duration;
 use time::OffsetDateTime;
 use tokio::sync::{broadcast, watch};
 
+use crate::model::feedsync::{MergedChange, Synced};
 use crate::model::{Change, ChannelSpec, DeliveryState, NewChange, Retention, Subscription};
 
 pub use embedded::EmbeddedStore;
@@ -114,6 +120,15 @@ pub struct ResourcePage {
     pub resources: Vec<Change>,
     /// The channel's newest seq when the page was read: the page reflects every change up to
     /// it.
+    pub last: u64,
+}
+
+/// One page of a channel's FeedSync items (see [`Store::sync_items`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SyncPage {
+    /// Each resource's latest change and item, in the order of their seqs.
+    pub items: Vec<Synced>,
+    /// The channel's newest seq when the page was read.
     pub last: u64,
 }
 
@@ -207,6 +222,31 @@ pub trait Store: Send + Sync + 'static {
     /// Page boundaries of the resource index: the seq of the resource at rank `every`,
     /// `2 × every`, … in seq order (ranks from 1; deleted resources count).
     async fn resource_marks(&self, channel: &str, every: usize) -> Result<Vec<u64>, StoreError>;
+
+    /// The FeedSync items of `channel`: like [`Store::resources`] (same order, same paging),
+    /// each resource with its item's sync metadata.
+    async fn sync_items(
+        &self,
+        channel: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<SyncPage, StoreError>;
+
+    /// Resource `loc` of `channel` with its item's sync metadata, read together.
+    async fn sync_item(&self, channel: &str, loc: &str) -> Result<Option<Synced>, StoreError>;
+
+    /// Up to `limit` resources of `channel` whose items carry conflicts, in loc order.
+    async fn sync_conflicts(&self, channel: &str, limit: usize) -> Result<Vec<Synced>, StoreError>;
+
+    /// Appends the changes of a FeedSync merge (one per loc) in one atomic write, each item
+    /// taking its merged state, if the latest change of every loc still has the seq the merge
+    /// read (`expected`); otherwise appends nothing and answers None (read and merge again).
+    async fn append_merged(
+        &self,
+        channel: &str,
+        changes: Vec<MergedChange>,
+        now: OffsetDateTime,
+    ) -> Result<Option<Appended>, StoreError>;
 
     /// Stores the settings of a channel created or changed at runtime (admin API).
     async fn put_channel(&self, spec: &ChannelSpec) -> Result<(), StoreError>;

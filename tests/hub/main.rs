@@ -16,6 +16,7 @@ mod crash;
 mod disk_full;
 mod end_to_end;
 mod external;
+mod feedsync;
 mod golden;
 mod limits;
 mod live;

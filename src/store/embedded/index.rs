@@ -60,7 +60,7 @@ impl<'txn> IndexWriter<'txn> {
     }
 }
 
-fn seq_of(entry: &[u8]) -> Result<u64, StoreError> {
+pub(super) fn seq_of(entry: &[u8]) -> Result<u64, StoreError> {
     entry
         .get(..8)
         .and_then(|b| b.try_into().ok())

@@ -9,7 +9,8 @@
 //! delivered again — which at-least-once delivery allows. Rare writes (subscriptions,
 //! trimming) use their own short transactions.
 //!
-//! The resource index (`index.rs`) is written by the same transaction as the log.
+//! The resource index (`index.rs`) and the FeedSync items (`feedsync.rs`) are written by the
+//! same transaction as the log.
 //!
 //! The database sits behind a `Handle` (`handle.rs`): the first I/O error closes it (a full
 //! disk makes writes [`StoreError::Full`]), and the writer thread opens it again once the disk
@@ -28,8 +29,9 @@ use tokio::sync::{oneshot, watch};
 
 use super::{
     new_epoch, Appended, ChannelHead, IdempotencyKey, Origin, ResourcePage, Store, StoreError,
-    IDEMPOTENCY_TTL,
+    SyncPage, IDEMPOTENCY_TTL,
 };
+use crate::model::feedsync::{MergedChange, Synced};
 use crate::model::{Change, ChannelSpec, DeliveryState, NewChange, Retention, Subscription};
 
 const CHANGES: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("changes");
@@ -40,6 +42,7 @@ const DELIVERY: TableDefinition<&str, &[u8]> = TableDefinition::new("delivery");
 /// Channels created at runtime: name → their settings (JSON).
 const CHANNEL_SPECS: TableDefinition<&str, &[u8]> = TableDefinition::new("channel-specs");
 
+mod feedsync;
 mod file;
 mod handle;
 mod index;
@@ -432,6 +435,7 @@ fn append_in(
     };
     let mut log = txn.open_table(CHANGES).map_err(failed)?;
     let mut index = IndexWriter::open(txn)?;
+    let mut items = feedsync::SyncWriter::open(txn)?;
     let first = meta.last + 1;
     let accepted = changes.len();
     for new in changes {
@@ -441,7 +445,8 @@ fn append_in(
             Some(latest) if latest > wanted => latest,
             _ => wanted,
         };
-        let change = Change::from_new(seq, new, datetime);
+        let mut change = Change::from_new(seq, new, datetime);
+        change.conflicts = items.record(channel, &change)?;
         let json = encode(&change)?;
         log.insert((channel, seq), json.as_slice())
             .map_err(failed)?;
@@ -700,6 +705,38 @@ impl Store for EmbeddedStore {
         let channel = channel.to_string();
         self.blocking(false, move |db| index::marks(db, &channel, every))
             .await
+    }
+
+    async fn sync_items(
+        &self,
+        channel: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<SyncPage, StoreError> {
+        let channel = channel.to_string();
+        self.blocking(false, move |db| feedsync::page(db, &channel, after, limit))
+            .await
+    }
+
+    async fn sync_item(&self, channel: &str, loc: &str) -> Result<Option<Synced>, StoreError> {
+        let (channel, loc) = (channel.to_string(), loc.to_string());
+        self.blocking(false, move |db| feedsync::one(db, &channel, &loc))
+            .await
+    }
+
+    async fn sync_conflicts(&self, channel: &str, limit: usize) -> Result<Vec<Synced>, StoreError> {
+        let channel = channel.to_string();
+        self.blocking(false, move |db| feedsync::conflicted(db, &channel, limit))
+            .await
+    }
+
+    async fn append_merged(
+        &self,
+        channel: &str,
+        changes: Vec<MergedChange>,
+        now: OffsetDateTime,
+    ) -> Result<Option<Appended>, StoreError> {
+        feedsync::append_merged(self, channel, changes, now).await
     }
 
     async fn put_channel(&self, spec: &ChannelSpec) -> Result<(), StoreError> {

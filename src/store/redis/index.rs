@@ -128,7 +128,7 @@ pub(super) async fn marks(
 
 /// Completes the index of a channel logged before the index existed. Once a channel's index
 /// is known complete, this process does not ask Redis again.
-async fn ensure_indexed(store: &RedisStore, channel: &str) -> Result<(), StoreError> {
+pub(super) async fn ensure_indexed(store: &RedisStore, channel: &str) -> Result<(), StoreError> {
     let known = store
         .indexed
         .lock()
@@ -183,7 +183,7 @@ async fn complete_index(store: &RedisStore, channel: &str) -> Result<(), StoreEr
 }
 
 /// A number in a script's reply (Lua returns seqs as strings or integers).
-fn number(value: Option<redis::Value>) -> Result<u64, StoreError> {
+pub(super) fn number(value: Option<redis::Value>) -> Result<u64, StoreError> {
     let parsed = match &value {
         Some(redis::Value::Int(n)) => u64::try_from(*n).ok(),
         Some(redis::Value::BulkString(b)) => {

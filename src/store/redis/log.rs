@@ -38,8 +38,11 @@ fn datetime_from_key(k: &str) -> Result<OffsetDateTime, StoreError> {
 
 /// A change as the log entry keeps it: the source's [`NewChange`], without its empty fields
 /// (a third smaller than plain serde output, and Redis's time per append grows with size).
+///
+/// `scripts/feedsync.lua` reads `loc` and `change` at the start of this JSON and `source` at its
+/// end: keep them there.
 #[derive(serde::Serialize)]
-struct Stored<'a> {
+pub(super) struct Stored<'a> {
     loc: &'a str,
     change: ChangeType,
     #[serde(
@@ -109,7 +112,9 @@ pub(super) fn decode_entry(seq: u64, entry: &[u8]) -> Result<Change, StoreError>
         Some(own) if datetime_key(own) == d => own,
         _ => datetime_from_key(d)?,
     };
-    Ok(Change::from_new(seq, new, datetime))
+    let mut change = Change::from_new(seq, new, datetime);
+    change.conflicts = super::feedsync::tail_conflicts(c);
+    Ok(change)
 }
 
 /// Appends `changes` to `channel` with the append script (see `scripts/append.lua`).
@@ -127,7 +132,9 @@ pub(super) async fn append(
         .key(key(channel, "idem"))
         .key(key(channel, "idem-at"))
         .key(key(channel, "res"))
-        .key(key(channel, "res-seq"));
+        .key(key(channel, "res-seq"))
+        .key(key(channel, "sx"))
+        .key(key(channel, "sx-conflicts"));
     match &idempotency {
         Some(k) => invocation.arg(&k.key).arg(&k.fingerprint),
         None => invocation.arg("").arg(""),

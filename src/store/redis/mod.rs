@@ -2,7 +2,7 @@
 //! subscriptions, delivery state and idempotency keys, so instances are disposable.
 //!
 //! Files: `conn` (the `--redis` URL and the command connection), `log` (append, read,
-//! head, trim), `index` (the resource index), `subscriptions` (subscriptions and delivery state), `leases` (channel
+//! head, trim), `index` (the resource index), `feedsync` (the FeedSync items), `subscriptions` (subscriptions and delivery state), `leases` (channel
 //! ownership), `events` (pub/sub between instances); the Lua scripts are in `scripts/`.
 //!
 //! Key layout — every key of channel `c` carries the hash tag `{c}`, so that all of them live
@@ -14,6 +14,8 @@
 //! | `changehub:{c}:meta` | hash | `last` (newest seq), `oldest` (first retained seq), `dt` (latest datetime key), `published` (what the owner announced), `indexed` (the resource index is complete), `created` (when the channel began, a datetime key) |
 //! | `changehub:{c}:res` | hash | resource index: loc → the log entry of its latest change |
 //! | `changehub:{c}:res-seq` | sorted set | resource index: loc by the seq of its latest change |
+//! | `changehub:{c}:sx` | hash | FeedSync items: loc → its sync metadata (JSON), written by the append script |
+//! | `changehub:{c}:sx-conflicts` | sorted set | the locs whose FeedSync items carry conflicts (scores 0: loc order) |
 //! | `changehub:{c}:idem` | hash | idempotency key → `at first last accepted fingerprint` |
 //! | `changehub:{c}:idem-at` | sorted set | idempotency key by time, to forget them after 24 h |
 //! | `changehub:{c}:subs` | hash | subscription id → subscription (JSON) |
@@ -64,11 +66,14 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     Appended, ChannelHead, ClusterEvent, IdempotencyKey, Origin, ResourcePage, Store, StoreError,
+    SyncPage,
 };
+use crate::model::feedsync::{MergedChange, Synced};
 use crate::model::{Change, ChannelSpec, DeliveryState, NewChange, Retention, Subscription};
 
 mod conn;
 mod events;
+mod feedsync;
 mod index;
 mod leases;
 mod log;
@@ -146,7 +151,10 @@ struct Scripts {
 impl Scripts {
     fn load() -> Scripts {
         Scripts {
-            append: Script::new(include_str!("scripts/append.lua")),
+            append: Script::new(concat!(
+                include_str!("scripts/feedsync.lua"),
+                include_str!("scripts/append.lua")
+            )),
             trim: Script::new(include_str!("scripts/trim.lua")),
             lease: Script::new(include_str!("scripts/lease.lua")),
             release: Script::new(include_str!("scripts/release.lua")),
@@ -278,6 +286,32 @@ impl Store for RedisStore {
 
     async fn resource_marks(&self, channel: &str, every: usize) -> Result<Vec<u64>, StoreError> {
         index::marks(self, channel, every).await
+    }
+
+    async fn sync_items(
+        &self,
+        channel: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<SyncPage, StoreError> {
+        feedsync::page(self, channel, after, limit).await
+    }
+
+    async fn sync_item(&self, channel: &str, loc: &str) -> Result<Option<Synced>, StoreError> {
+        feedsync::one(self, channel, loc).await
+    }
+
+    async fn sync_conflicts(&self, channel: &str, limit: usize) -> Result<Vec<Synced>, StoreError> {
+        feedsync::conflicted(self, channel, limit).await
+    }
+
+    async fn append_merged(
+        &self,
+        channel: &str,
+        changes: Vec<MergedChange>,
+        now: OffsetDateTime,
+    ) -> Result<Option<Appended>, StoreError> {
+        feedsync::append_merged(self, channel, changes, now).await
     }
 
     async fn put_channel(&self, spec: &ChannelSpec) -> Result<(), StoreError> {

@@ -1,4 +1,5 @@
--- KEYS: log, meta, idem, idem-at, res (loc -> entry), res-seq (loc by seq)
+-- KEYS: log, meta, idem, idem-at, res (loc -> entry), res-seq (loc by seq), sx (loc -> FeedSync
+--       item), sx-conflicts (locs whose items carry conflicts); runs after feedsync.lua
 -- ARGV: idempotency key ('' for none), fingerprint, now (unix s), ttl (s), events channel,
 --       channel name, then one entry per change: its datetime key (23 digits) and its JSON,
 --       then the loc of each change, in the same order
@@ -38,6 +39,7 @@ for i = 0, n - 1 do
     e = latest .. string.sub(e, 24)
   end
   last = last + 1
+  e = sx_record(KEYS[7], ARGV[7 + n + i], e, d)
   redis.call('XADD', KEYS[1], string.format('%d-0', last), 'e', e)
   local loc = ARGV[7 + n + i]
   entries[#entries + 1] = loc
@@ -48,6 +50,7 @@ for i = 0, n - 1 do
   latest = d
 end
 flush_index()
+sx_flush(KEYS[7], KEYS[8])
 if n > 0 then
   -- A new channel's index is complete from the start; an older one is completed by backfill.lua.
   if first == 1 then redis.call('HSET', KEYS[2], 'indexed', '1') end
