@@ -26,3 +26,6 @@ pub fn change(loc: usize) -> NewChange {
         source: None,
     }
 }
+
+pub mod procs;
+pub mod report;

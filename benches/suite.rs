@@ -1,0 +1,1401 @@
+//! The benchmark suite of issue 13 ("Delivery at the speed of the wire"): every figure of the
+//! issue, each against a baseline measured in the same run on the same machine, printed as a
+//! table while it runs and written to `BENCHMARKS.md` at the end.
+//!
+//! Run: `bash scripts/bench.sh` (installs nginx, wrk and redis when missing, raises the
+//! open-file limit, then `cargo bench --bench suite`). Environment:
+//! - `BENCH_SCALE` (default 1): counts and durations times this (`0.1` for a quick check);
+//!   10 adds 10⁷ retained changes to the cost-growth table.
+//! - `BENCH_HUB_BIN`: the hub binary under test (default: this package's release binary).
+//! - `BENCH_BEFORE_BIN`: an older `changehub` binary; every hub figure is measured for it too,
+//!   in the same run, and the table gets before columns.
+//! - `BENCH_REPORT`: where to write the report (default `BENCHMARKS.md` at the repo root).
+//! - `BENCH_ONLY`: some of `fanout,callback,ingest,documents,websockets` (default: all).
+//! - `BENCH_VERBOSE`: print every wrk output.
+//!
+//! The hub runs as its own process (`changehub serve`, embedded store in a temporary folder,
+//! or `--redis` on a private redis-server), as it does in production; so do the baselines:
+//! nginx (started from a config written to a temporary folder), wrk and redis-benchmark. All
+//! load stays on 127.0.0.1; every loop is bounded in count and time.
+//!
+//! Figures:
+//! 1. **Fan-out** at 1, 100, 1,000 and 5,000 subscribers (own secret each, callbacks on nginx
+//!    answering 202): 10-change requests (`--max-batch 10`: one notification each) until every
+//!    delivery is counted in `/metrics`; deliveries/s and hub CPU per delivery. Baseline: wrk
+//!    with as many connections POSTing the same body with the same headers to the same nginx.
+//! 2. **Publish 202 latency while 1,000 subscribers are served**: single-change POSTs on another
+//!    channel every 5 ms while a steady stream is fanned out; baseline: the same probe with no
+//!    delivery running.
+//! 3. **202 → callback p99** at linger 0 and 100 ms, on a receiver inside the bench.
+//! 4. **Ingest**: 1,000-change requests (wrk -c8) against `redis-benchmark -P 100 XADD` on the
+//!    same private redis; 1-change requests (wrk -c64) against nginx answering 202.
+//! 5. **Catch-up documents** at 10⁵ retained on both stores: the topic (also gzip), a closed
+//!    list and `changes?after=` pages of 1,000 (random `after`), each against nginx serving the
+//!    same bytes as a static file (wrk -c8).
+//! 6. **Memory**: hub RSS per idle websocket at 10,000 against a minimal axum websocket server;
+//!    RSS left after they close; RSS at N retained.
+//! 7. **Cost growth**: fan-out at 1 … 10,000 subscribers; documents at 10³ … 10⁶ (10⁷) retained.
+
+use axum::extract::ws::{Message as AxumMessage, WebSocketUpgrade};
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::get;
+use axum::Router;
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::time::MissedTickBehavior;
+
+#[path = "support/mod.rs"]
+mod support;
+use support::procs::{self, wrk, Hub, HubOpts, Nginx, Redis, Script, TOKEN};
+use support::report::{si, Goal, Report, Row, Unit};
+use support::scale;
+
+/// Subscribers of figure 2's steady stream.
+const PROBE_SUBSCRIBERS: usize = 1000;
+/// The topic's entries on top of each retained level (a list closes every 10,000).
+const OPEN: u64 = 5_000;
+
+fn scale_f() -> f64 {
+    std::env::var("BENCH_SCALE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1.0)
+}
+
+/// Seconds of one wrk run (or probe): `base` scaled, at least 1.
+fn secs(base: u64) -> u64 {
+    (scale(base as usize) as u64).max(1)
+}
+
+/// A JSON array of `n` changes, each to a resource no other change of the run names.
+fn changes_body(n: usize) -> Bytes {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let first = NEXT.fetch_add(n as u64, Ordering::Relaxed);
+    let changes: Vec<_> = (first..first + n as u64)
+        .map(|i| {
+            serde_json::json!({
+                "loc": format!("http://example.com/resource/{i}"),
+                "change": "updated",
+                "hash": "md5:1e0d5cb8ef6ba40c99b14c0237be735e",
+                "length": 1234,
+                "type": "text/plain",
+            })
+        })
+        .collect();
+    Bytes::from(serde_json::to_vec(&changes).unwrap())
+}
+
+/// 10000 → "10,000".
+fn count(n: impl std::fmt::Display) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// (p50, p99) in ms.
+fn percentiles(mut ms: Vec<f64>) -> (f64, f64) {
+    if ms.is_empty() {
+        return (f64::NAN, f64::NAN);
+    }
+    ms.sort_by(f64::total_cmp);
+    let at = |p: f64| ms[((ms.len() as f64 * p) as usize).min(ms.len() - 1)];
+    (at(0.50), at(0.99))
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// What every figure shares: the binaries, the baselines' servers, the report.
+struct Ctx {
+    /// The hub under test, then `BENCH_BEFORE_BIN` when given.
+    bins: Vec<PathBuf>,
+    nginx: Nginx,
+    redis: Redis,
+    scripts: tempfile::TempDir,
+    report: Report,
+}
+
+impl Ctx {
+    /// A row from one `(value, own baseline)` per binary; the first binary's baseline is the
+    /// row's.
+    fn row(&mut self, figure: String, unit: Unit, goal: Goal, per_bin: &[(f64, Option<f64>)]) {
+        let (value, baseline) = per_bin[0];
+        self.report.row(Row {
+            figure,
+            unit,
+            value,
+            baseline,
+            goal,
+            before: per_bin.get(1).copied(),
+        });
+    }
+
+    fn script(&self, name: &str, script: Script) -> PathBuf {
+        script.write(self.scripts.path(), name)
+    }
+
+    /// The wrk script POSTing `body` to the hub's ingest with the publisher token.
+    fn ingest_script(&self, name: &str, body: &[u8]) -> PathBuf {
+        self.script(
+            name,
+            Script {
+                method: "POST",
+                body: Some(body),
+                headers: &[
+                    ("Authorization", format!("Bearer {TOKEN}")),
+                    ("Content-Type", "application/json".into()),
+                ],
+                random_after: None,
+            },
+        )
+    }
+}
+
+fn progress(text: &str) {
+    eprintln!("[{}] {text}", support::report::load_average());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Figures 1, 2 and the fan-out cost growth.
+
+struct FanoutPoint {
+    rate: f64,
+    cpu_us: f64,
+    complete: bool,
+    failed: u64,
+}
+
+struct Probe {
+    busy: (f64, f64),
+    idle: (f64, f64),
+    busy_rate: f64,
+    probes: usize,
+}
+
+struct FanoutRun {
+    points: Vec<FanoutPoint>,
+    probe: Option<Probe>,
+    /// A 10-change notification as the hub renders it (`changes?after=0&limit=10`).
+    body: Bytes,
+    topic: String,
+}
+
+async fn subscribe(hub: &Hub, nginx: &Nginx, from: usize, to: usize) {
+    let topic = format!("{}/channels/bench/changelist.xml", hub.base);
+    futures_util::stream::iter(from..to)
+        .map(|i| {
+            let body = form_urlencoded::Serializer::new(String::new())
+                .append_pair("hub.mode", "subscribe")
+                .append_pair("hub.topic", &topic)
+                .append_pair("hub.callback", &format!("{}/cb?s={i}", nginx.base))
+                .append_pair("hub.secret", &format!("secret-of-subscriber-{i}"))
+                .finish();
+            async move {
+                let resp = hub
+                    .client
+                    .post(format!("{}/hub", hub.base))
+                    .header("content-type", "application/x-www-form-urlencoded")
+                    .body(body)
+                    .send()
+                    .await
+                    .expect("POST /hub");
+                assert_eq!(resp.status(), 202, "subscribe {i}");
+            }
+        })
+        .buffer_unordered(32)
+        .collect::<Vec<()>>()
+        .await;
+    // Verified and active, each at the channel's head.
+    procs::poll(
+        "subscriptions verified",
+        Duration::from_secs(180),
+        Duration::from_millis(250),
+        || async {
+            let subs: Vec<serde_json::Value> =
+                serde_json::from_slice(&hub.get("/api/subscriptions", &[]).await).ok()?;
+            let ready = subs
+                .iter()
+                .filter(|s| s["channel"] == "bench" && s["lag"].as_u64().unwrap_or(0) == 0)
+                .count();
+            (ready >= to).then_some(())
+        },
+    )
+    .await;
+}
+
+/// POSTs `requests` 10-change requests (8 at a time) and waits for `subscribers` deliveries of
+/// each (or `limit`).
+async fn burst(
+    hub: &Hub,
+    subscribers: usize,
+    notifications: usize,
+    limit: Duration,
+) -> FanoutPoint {
+    // Requests of up to 100 changes (`--max-batch 10` cuts them into notifications of 10), so
+    // that ingest never holds back delivery, even to one subscriber.
+    let bodies: Vec<Bytes> = (0..notifications)
+        .step_by(10)
+        .map(|n| changes_body(10 * (notifications - n).min(10)))
+        .collect();
+    let (d0, f0) = hub.deliveries().await;
+    let cpu0 = hub.cpu_seconds();
+    let started = Instant::now();
+    futures_util::stream::iter(bodies)
+        .map(|b| hub.post_changes("bench", b))
+        .buffer_unordered(8)
+        .collect::<Vec<_>>()
+        .await;
+    let target = d0 + (subscribers * notifications) as u64;
+    let deadline = started + limit;
+    let (delivered, failed) = loop {
+        let (d, f) = hub.deliveries().await;
+        if d >= target || Instant::now() >= deadline {
+            break (d, f);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let took = started.elapsed().as_secs_f64();
+    let count = delivered - d0;
+    FanoutPoint {
+        rate: count as f64 / took,
+        cpu_us: (hub.cpu_seconds() - cpu0) * 1e6 / count.max(1) as f64,
+        complete: delivered >= target,
+        failed: failed - f0,
+    }
+}
+
+/// Sequential single-change POSTs to channel `probe`, one every 5 ms for `seconds`: the
+/// latency of each 202, ms.
+async fn probe(hub: &Hub, seconds: u64) -> Vec<f64> {
+    let mut tick = tokio::time::interval(Duration::from_millis(5));
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let end = Instant::now() + Duration::from_secs(seconds);
+    let mut latencies = Vec::new();
+    while Instant::now() < end {
+        tick.tick().await;
+        let body = changes_body(1);
+        let sent = Instant::now();
+        hub.post_changes("probe", body).await;
+        latencies.push(ms(sent.elapsed()));
+    }
+    latencies
+}
+
+/// Figure 2: a steady stream to `subscribers` (1.2× the notifications/s `rate` allows, so
+/// that delivery never idles) with the probe beside it; then, once drained, the probe alone.
+async fn steady_probe(hub: &Hub, subscribers: usize, rate: f64) -> Probe {
+    let seconds = secs(8);
+    let per_second = (rate / subscribers as f64 * 1.2).max(1.0);
+    let (d0, _) = hub.deliveries().await;
+    let started = Instant::now();
+    let feeder = async {
+        let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / per_second));
+        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut posted = 0;
+        while started.elapsed() < Duration::from_secs(seconds) {
+            tick.tick().await;
+            hub.post_changes("bench", changes_body(10)).await;
+            posted += 1;
+        }
+        posted
+    };
+    let (posted, busy) = tokio::join!(feeder, probe(hub, seconds));
+    let (d1, _) = hub.deliveries().await;
+    let busy_rate = (d1 - d0) as f64 / started.elapsed().as_secs_f64();
+    let target = d0 + (posted * subscribers) as u64;
+    procs::poll(
+        "the steady stream to drain",
+        Duration::from_secs(180),
+        Duration::from_millis(100),
+        || async { (hub.deliveries().await.0 >= target).then_some(()) },
+    )
+    .await;
+    let probes = busy.len();
+    let idle = probe(hub, seconds.min(secs(4))).await;
+    Probe {
+        busy: percentiles(busy),
+        idle: percentiles(idle),
+        busy_rate,
+        probes,
+    }
+}
+
+async fn fanout_run(ctx: &Ctx, bin: &Path, counts: &[usize]) -> FanoutRun {
+    let opts = HubOpts {
+        max_batch: 10,
+        linger_ms: 0,
+        ..HubOpts::default()
+    };
+    let hub = Hub::start(bin, &opts).await;
+    let mut points = Vec::new();
+    let mut probe = None;
+    let mut body = Bytes::new();
+    let mut subscribed = 0;
+    for &subscribers in counts {
+        progress(&format!("fan-out: {subscribers} subscribers"));
+        subscribe(&hub, &ctx.nginx, subscribed, subscribers).await;
+        subscribed = subscribers;
+        // About 60,000 deliveries (10,000 notifications at most).
+        let notifications = (scale(60_000) / subscribers).clamp(10, scale(10_000).max(10));
+        let point = burst(&hub, subscribers, notifications, Duration::from_secs(120)).await;
+        if body.is_empty() {
+            body = hub
+                .get("/channels/bench/changes?after=0&limit=10", &[])
+                .await;
+        }
+        if subscribers == PROBE_SUBSCRIBERS.min(*counts.last().unwrap()) && probe.is_none() {
+            progress("publish latency under fan-out");
+            probe = Some(steady_probe(&hub, subscribers, point.rate).await);
+        }
+        points.push(point);
+    }
+    FanoutRun {
+        points,
+        probe,
+        body,
+        topic: format!("{}/channels/bench/changelist.xml", hub.base),
+    }
+}
+
+async fn fanout(ctx: &mut Ctx) {
+    let mut counts: Vec<usize> = [1, 100, 1000, 5000].iter().map(|&n| scale(n)).collect();
+    if scale_f() >= 1.0 {
+        counts.push(10_000);
+    }
+    counts.dedup();
+    let mut runs = Vec::new();
+    for bin in ctx.bins.clone() {
+        runs.push(fanout_run(ctx, &bin, &counts).await);
+    }
+    // Baseline: wrk POSTing the same body with the same headers to the same receiver.
+    let hub = runs[0]
+        .topic
+        .trim_end_matches("/channels/bench/changelist.xml");
+    let script = ctx.script(
+        "fanout",
+        Script {
+            method: "POST",
+            body: Some(&runs[0].body),
+            headers: &[
+                ("Content-Type", "application/xml".into()),
+                (
+                    "Link",
+                    format!(
+                        "<{hub}/hub>; rel=\"hub\", <{}>; rel=\"self\"",
+                        runs[0].topic
+                    ),
+                ),
+                ("X-Hub-Signature", format!("sha256={}", "0f".repeat(32))),
+                ("X-Changehub-First", "1".into()),
+                ("X-Changehub-Last", "10".into()),
+                ("X-Changehub-Epoch", "5f3a9c0d2b7e4a61".into()),
+            ],
+            random_after: None,
+        },
+    );
+    let mut baselines = Vec::new();
+    for &s in &counts {
+        progress(&format!("fan-out baseline: wrk -c{s}"));
+        let url = format!("{}/cb?s=0", ctx.nginx.base);
+        baselines.push(wrk(&url, s, secs(4), Some(&script)).await.rate);
+    }
+    let goals = HashMap::from([(100, 0.5), (1000, 0.5), (5000, 0.3)]);
+    for (i, &s) in counts.iter().enumerate() {
+        if s == 10_000 {
+            continue; // the cost-growth table only
+        }
+        let goal = goals.get(&s).map_or(Goal::None, |&r| Goal::Ratio(r));
+        let per_bin: Vec<_> = runs
+            .iter()
+            .map(|r| (r.points[i].rate, Some(baselines[i])))
+            .collect();
+        ctx.row(
+            format!("1. fan-out, {} subscribers", count(s)),
+            Unit::Rate("deliveries"),
+            goal,
+            &per_bin,
+        );
+    }
+    let probes: Vec<&Probe> = runs.iter().filter_map(|r| r.probe.as_ref()).collect();
+    if let Some(p) = probes.first() {
+        let n = PROBE_SUBSCRIBERS.min(*counts.last().unwrap());
+        let p99: Vec<_> = probes.iter().map(|p| (p.busy.1, Some(p.idle.1))).collect();
+        ctx.row(
+            format!(
+                "2. publish 202 p99 while {} subscribers are served",
+                count(n)
+            ),
+            Unit::Ms,
+            Goal::AtMost(5.0),
+            &p99,
+        );
+        let p50: Vec<_> = probes.iter().map(|p| (p.busy.0, Some(p.idle.0))).collect();
+        ctx.row(
+            format!(
+                "2. publish 202 p50 while {} subscribers are served",
+                count(n)
+            ),
+            Unit::Ms,
+            Goal::None,
+            &p50,
+        );
+        ctx.report.note(format!(
+            "**2. Publish latency under fan-out**: while a steady stream of 10-change \
+             notifications (1.2× what figure 1 measured at {n} subscribers, so delivery never \
+             idles; {} deliveries/s achieved) is fanned out, a probe POSTs one change to \
+             another channel (`probe`, same store) every 5 ms, sequentially, {} probes; \
+             latency of each 202. Baseline: the same probe on the same hub once every delivery \
+             is done.",
+            si(p.busy_rate),
+            p.probes
+        ));
+    }
+    let mut rows = Vec::new();
+    for (i, &s) in counts.iter().enumerate() {
+        let mut row = vec![count(s), si(baselines[i])];
+        for r in &runs {
+            let p = &r.points[i];
+            let mark = if p.complete { "" } else { " (incomplete)" };
+            row.push(format!("{}{mark}", si(p.rate)));
+            row.push(format!("{:.2}", p.rate / baselines[i]));
+            row.push(format!("{:.1}", p.cpu_us));
+            if p.failed > 0 {
+                row.push(format!("{} failed", p.failed));
+            } else {
+                row.push(String::new());
+            }
+        }
+        rows.push(row);
+    }
+    let mut header = vec!["subscribers", "wrk -c S posts/s"];
+    header.extend(["hub deliveries/s", "ratio", "hub CPU µs/delivery", "errors"]);
+    if runs.len() > 1 {
+        header.extend(["before: deliveries/s", "ratio", "CPU µs/delivery", "errors"]);
+    }
+    ctx.report.table("Fan-out by subscribers", &header, &rows);
+    ctx.report.note(format!(
+        "**1. Fan-out**: `changehub serve --max-batch 10 --linger 0ms` (embedded store); \
+         subscribers added through `POST /hub`, each with its own secret and callback \
+         `nginx/cb?s=I` (nginx answers 202), until `/api/subscriptions` lists them all at the \
+         head; then about 60,000 deliveries' worth of 10-change requests (one notification of \
+         {} bytes each), POSTed 8 at a time, and the clock stops when \
+         `changehub_deliveries_total{{outcome=\"delivered\"}}` (polled every 50 ms) has grown by \
+         subscribers × requests (120 s at most). Hub CPU = utime + stime from /proc over the \
+         same span (ingest and batching included). Baseline: `wrk -c S -t min(S,2) -d {}s` \
+         POSTing the same body with the same headers (Content-Type, Link, X-Hub-Signature, \
+         X-Changehub-*) to the same nginx.",
+        runs[0].body.len(),
+        secs(4)
+    ));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Figure 3: 202 → callback.
+
+/// A minimal callback receiver: echoes challenges, records each POST's seq range and arrival.
+#[derive(Clone, Default)]
+struct Receiver {
+    arrivals: Arc<Mutex<Vec<(u64, u64, Instant)>>>,
+}
+
+async fn start_receiver() -> (String, Receiver) {
+    let receiver = Receiver::default();
+    async fn echo(
+        axum::extract::Query(q): axum::extract::Query<HashMap<String, String>>,
+    ) -> String {
+        q.get("hub.challenge").cloned().unwrap_or_default()
+    }
+    async fn record(State(r): State<Receiver>, headers: HeaderMap, body: Bytes) -> StatusCode {
+        let at = Instant::now();
+        drop(body);
+        let seq = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok())
+        };
+        if let (Some(first), Some(last)) = (seq("x-changehub-first"), seq("x-changehub-last")) {
+            r.arrivals.lock().unwrap().push((first, last, at));
+        }
+        StatusCode::ACCEPTED
+    }
+    let app = Router::new()
+        .route("/cb", get(echo).post(record))
+        .with_state(receiver.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (format!("http://{addr}"), receiver)
+}
+
+/// p99 (and p50) ms from each change's 202 to the arrival of the notification holding it.
+async fn callback_latency(bin: &Path, linger_ms: u64, url: &str, rx: &Receiver) -> (f64, f64) {
+    let hub = Hub::start(
+        bin,
+        &HubOpts {
+            linger_ms,
+            ..HubOpts::default()
+        },
+    )
+    .await;
+    let topic = format!("{}/channels/bench/changelist.xml", hub.base);
+    let body = form_urlencoded::Serializer::new(String::new())
+        .append_pair("hub.mode", "subscribe")
+        .append_pair("hub.topic", &topic)
+        .append_pair("hub.callback", &format!("{url}/cb?linger={linger_ms}"))
+        .append_pair("hub.secret", "a-secret")
+        .finish();
+    let resp = hub
+        .client
+        .post(format!("{}/hub", hub.base))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 202);
+    procs::poll(
+        "the subscription",
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        || async {
+            let subs: Vec<serde_json::Value> =
+                serde_json::from_slice(&hub.get("/api/subscriptions", &[]).await).ok()?;
+            (!subs.is_empty()).then_some(())
+        },
+    )
+    .await;
+    rx.arrivals.lock().unwrap().clear();
+    let n = scale(250).max(20);
+    let mut tick =
+        tokio::time::interval(Duration::from_millis(if linger_ms == 0 { 10 } else { 20 }));
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut accepted = Vec::with_capacity(n);
+    for _ in 0..n {
+        tick.tick().await;
+        let (first, _) = hub.post_changes("bench", changes_body(1)).await;
+        accepted.push((first, Instant::now()));
+    }
+    let last = accepted.last().unwrap().0;
+    procs::poll(
+        "every change at the callback",
+        Duration::from_secs(60),
+        Duration::from_millis(20),
+        || async {
+            let got = rx.arrivals.lock().unwrap().iter().map(|a| a.1).max();
+            (got >= Some(last)).then_some(())
+        },
+    )
+    .await;
+    let arrivals = rx.arrivals.lock().unwrap().clone();
+    let latencies = accepted
+        .iter()
+        .filter_map(|&(seq, at)| {
+            arrivals
+                .iter()
+                .filter(|a| a.0 <= seq && seq <= a.1)
+                .map(|a| a.2)
+                .min()
+                .map(|arrived| ms(arrived.saturating_duration_since(at)))
+        })
+        .collect();
+    percentiles(latencies)
+}
+
+/// p99 ms of a bare POST of a small notification to the receiver: the wire.
+async fn wire_p99(url: &str) -> f64 {
+    let client = reqwest::Client::new();
+    let body = changes_body(1);
+    let mut latencies = Vec::new();
+    for _ in 0..scale(250).max(20) {
+        let sent = Instant::now();
+        let resp = client
+            .post(format!("{url}/cb"))
+            .header("x-changehub-first", "0")
+            .header("x-changehub-last", "0")
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 202);
+        latencies.push(ms(sent.elapsed()));
+    }
+    percentiles(latencies).1
+}
+
+async fn callback(ctx: &mut Ctx) {
+    let (url, rx) = start_receiver().await;
+    let wire = wire_p99(&url).await;
+    for linger in [0, 100] {
+        progress(&format!("202 → callback at linger {linger} ms"));
+        let mut per_bin = Vec::new();
+        for bin in ctx.bins.clone() {
+            let (_, p99) = callback_latency(&bin, linger, &url, &rx).await;
+            per_bin.push((p99, Some(linger as f64 + wire)));
+        }
+        ctx.row(
+            format!("3. 202 → callback p99, linger {linger} ms"),
+            Unit::Ms,
+            Goal::AtMost(linger as f64 + 10.0),
+            &per_bin,
+        );
+    }
+    ctx.report.note(format!(
+        "**3. 202 → callback**: `changehub serve --linger L` with one subscriber on a minimal \
+         axum receiver inside the bench; {} single-change POSTs, one every 10 ms (linger 0) or \
+         20 ms (linger 100 ms); for each change, from its 202 to the arrival of the \
+         notification whose `X-Changehub-First`..`-Last` holds its seq. Baseline: L + the p99 \
+         of a bare POST of a small body to the same receiver ({wire:.2} ms).",
+        scale(250).max(20)
+    ));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Figure 4: ingest.
+
+struct Ingest {
+    /// changes/s of 1,000-change requests, wrk -c8.
+    big: f64,
+    /// requests/s of 1-change requests, wrk -c64.
+    small: f64,
+}
+
+async fn ingest_run(ctx: &Ctx, bin: &Path, redis: bool, big: &Path, small: &Path) -> Ingest {
+    if redis {
+        ctx.redis.flush().await;
+    }
+    let opts = HubOpts {
+        redis: redis.then(|| ctx.redis.url.clone()),
+        ..HubOpts::default()
+    };
+    let hub = Hub::start(bin, &opts).await;
+    let url = format!("{}/channels/bench/changes", hub.base);
+    let big = wrk(&url, 8, secs(3), Some(big)).await.rate * 1000.0;
+    let small = wrk(&url, 64, secs(3), Some(small)).await.rate;
+    drop(hub);
+    if redis {
+        ctx.redis.flush().await;
+    }
+    Ingest { big, small }
+}
+
+async fn ingest(ctx: &mut Ctx) {
+    let big = ctx.ingest_script("ingest-1000", &changes_body(1000));
+    let small = ctx.ingest_script("ingest-1", &changes_body(1));
+    progress("ingest baselines: redis-benchmark XADD, nginx 202");
+    ctx.redis.flush().await;
+    let xadd = ctx.redis.xadd_benchmark(scale(2_000_000)).await;
+    ctx.redis.flush().await;
+    let nginx = wrk(
+        &format!("{}/channels/bench/changes", ctx.nginx.base),
+        64,
+        secs(3),
+        Some(&small),
+    )
+    .await
+    .rate;
+    let mut runs: Vec<(Ingest, Ingest)> = Vec::new();
+    for bin in ctx.bins.clone() {
+        progress("ingest: embedded, redis");
+        let embedded = ingest_run(ctx, &bin, false, &big, &small).await;
+        let redis = ingest_run(ctx, &bin, true, &big, &small).await;
+        runs.push((embedded, redis));
+    }
+    let pick = |f: &dyn Fn(&(Ingest, Ingest)) -> f64, base: f64| -> Vec<(f64, Option<f64>)> {
+        runs.iter().map(|r| (f(r), Some(base))).collect()
+    };
+    let rows = [
+        (
+            "4a. ingest, 1,000-change requests, Redis (wrk -c8) vs XADD",
+            pick(&|r| r.1.big, xadd),
+            Unit::Rate("changes"),
+            Goal::Ratio(0.5),
+        ),
+        (
+            "4a. ingest, 1,000-change requests, embedded (wrk -c8) vs XADD",
+            pick(&|r| r.0.big, xadd),
+            Unit::Rate("changes"),
+            Goal::None,
+        ),
+        (
+            "4b. ingest, 1-change requests, embedded (wrk -c64) vs nginx 202",
+            pick(&|r| r.0.small, nginx),
+            Unit::Rate("req"),
+            Goal::Ratio(0.5),
+        ),
+        (
+            "4b. ingest, 1-change requests, Redis (wrk -c64) vs nginx 202",
+            pick(&|r| r.1.small, nginx),
+            Unit::Rate("req"),
+            Goal::Ratio(0.5),
+        ),
+    ];
+    for (figure, per_bin, unit, goal) in rows {
+        ctx.row(figure.into(), unit, goal, &per_bin);
+    }
+    ctx.report.note(format!(
+        "**4. Ingest**: a fresh hub per store (defaults: `--max-batch 1000 --linger 100ms`; \
+         Redis: `--redis` on the bench's private redis-server, `--save \"\" --appendonly no`, \
+         flushed before and after). (a) `wrk -c8 -t2 -d{s}s` POSTing a JSON array of 1,000 \
+         changes with the publisher token; changes/s = 2xx/s × 1,000. Baseline: \
+         `redis-benchmark -P 100 -n {} XADD bench-stream '*' f v` on the same redis-server, \
+         ops/s. (b) `wrk -c64 -t2 -d{s}s` POSTing one change; baseline: the same wrk and \
+         script against nginx answering 202 to the same path.",
+        scale(2_000_000),
+        s = secs(3)
+    ));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Figure 5 and the documents' cost growth; RSS at N retained (figure 6).
+
+/// (hub req/s, nginx req/s for the same bytes).
+type Pair = (f64, f64);
+
+struct Level {
+    retained: u64,
+    topic_bytes: usize,
+    topic: Pair,
+    topic_gzip: Option<Pair>,
+    closed: Option<(Pair, usize)>,
+    pages: Pair,
+    rss: u64,
+}
+
+struct Documents {
+    empty_rss: u64,
+    levels: Vec<Level>,
+}
+
+/// Appends changes in 1,000-change requests, 8 at a time, until the head is `to`.
+async fn fill(hub: &Hub, from: u64, to: u64) -> Bytes {
+    let mut last_body = Bytes::new();
+    let bodies: Vec<Bytes> = (from..to)
+        .step_by(1000)
+        .map(|start| changes_body((to - start).min(1000) as usize))
+        .collect();
+    if let Some(b) = bodies.last() {
+        last_body = b.clone();
+    }
+    futures_util::stream::iter(bodies)
+        .map(|b| hub.post_changes("bench", b))
+        .buffer_unordered(8)
+        .collect::<Vec<_>>()
+        .await;
+    last_body
+}
+
+async fn static_pair(
+    ctx: &Ctx,
+    hub_url: &str,
+    script: Option<&Path>,
+    name: &str,
+    bytes: &[u8],
+    gzip: bool,
+    seconds: u64,
+) -> Pair {
+    let static_url = ctx.nginx.put(name, bytes, gzip);
+    let hub = wrk(hub_url, 8, seconds, script).await;
+    let baseline = wrk(&static_url, 8, seconds, script).await;
+    (hub.rate, baseline.rate)
+}
+
+async fn documents_run(
+    ctx: &Ctx,
+    bin: &Path,
+    redis: bool,
+    levels: &[u64],
+    main: u64,
+    tag: &str,
+) -> Documents {
+    if redis {
+        ctx.redis.flush().await;
+    }
+    let opts = HubOpts {
+        redis: redis.then(|| ctx.redis.url.clone()),
+        ..HubOpts::default()
+    };
+    let hub = Hub::start(bin, &opts).await;
+    let empty_rss = hub.rss();
+    let topic_path = "/channels/bench/changelist.xml";
+    let mut head = 0;
+    let mut out = Vec::new();
+    for &n in levels {
+        progress(&format!("documents ({tag}): filling to {n}"));
+        let last = fill(&hub, head, n).await;
+        head = n;
+        // The topic holds the last change once it is published.
+        let last: serde_json::Value = serde_json::from_slice(&last).unwrap();
+        let last_loc = last.as_array().unwrap().last().unwrap()["loc"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let topic = procs::poll(
+            "the topic to show the last change",
+            Duration::from_secs(60),
+            Duration::from_millis(50),
+            || async {
+                let t = hub.get(topic_path, &[]).await;
+                String::from_utf8_lossy(&t).contains(&last_loc).then_some(t)
+            },
+        )
+        .await;
+        let seconds = if n == main { secs(3) } else { secs(2) };
+        let name = format!("{tag}-{n}");
+        let topic_url = format!("{}{topic_path}", hub.base);
+        progress(&format!("documents ({tag}): {n} retained"));
+        let topic_pair = static_pair(
+            ctx,
+            &topic_url,
+            None,
+            &format!("{name}-topic.xml"),
+            &topic,
+            false,
+            seconds,
+        )
+        .await;
+        let mut topic_gzip = None;
+        let mut closed = None;
+        if n == main {
+            let gz = hub.get(topic_path, &[("accept-encoding", "gzip")]).await;
+            if gz.starts_with(&[0x1f, 0x8b]) {
+                let script = ctx.script(
+                    "gzip",
+                    Script {
+                        method: "GET",
+                        body: None,
+                        headers: &[("Accept-Encoding", "gzip".into())],
+                        random_after: None,
+                    },
+                );
+                topic_gzip = Some(
+                    static_pair(
+                        ctx,
+                        &topic_url,
+                        Some(&script),
+                        &format!("{name}-topic.xml"),
+                        &gz,
+                        true,
+                        seconds,
+                    )
+                    .await,
+                );
+            }
+            let archive = hub.get("/channels/bench/changelist-archive.xml", &[]).await;
+            let archive = String::from_utf8_lossy(&archive);
+            let list = archive
+                .match_indices("/channels/bench/changelist/")
+                .filter_map(|(i, _)| {
+                    let rest = &archive[i..];
+                    rest.find(".xml").map(|end| rest[..end + 4].to_string())
+                })
+                .last();
+            if let Some(path) = list {
+                let bytes = hub.get(&path, &[]).await;
+                let url = format!("{}{path}", hub.base);
+                let pair = static_pair(
+                    ctx,
+                    &url,
+                    None,
+                    &format!("{name}-closed.xml"),
+                    &bytes,
+                    false,
+                    seconds,
+                )
+                .await;
+                closed = Some((pair, bytes.len()));
+            }
+        }
+        let hi = n.saturating_sub(1000);
+        let script = ctx.script(
+            &format!("pages-{name}"),
+            Script {
+                method: "GET",
+                body: None,
+                headers: &[],
+                random_after: Some(("/channels/bench/changes", 0, hi, 1000)),
+            },
+        );
+        let page = hub
+            .get(
+                &format!("/channels/bench/changes?after={}&limit=1000", hi / 2),
+                &[],
+            )
+            .await;
+        let static_url = ctx.nginx.put(&format!("{name}-page.xml"), &page, false);
+        let pages = (
+            wrk(&format!("{}/", hub.base), 8, seconds, Some(&script))
+                .await
+                .rate,
+            wrk(&static_url, 8, seconds, None).await.rate,
+        );
+        out.push(Level {
+            retained: n,
+            topic_bytes: topic.len(),
+            topic: topic_pair,
+            topic_gzip,
+            closed,
+            pages,
+            rss: hub.rss(),
+        });
+    }
+    drop(hub);
+    if redis {
+        ctx.redis.flush().await;
+    }
+    Documents {
+        empty_rss,
+        levels: out,
+    }
+}
+
+async fn documents(ctx: &mut Ctx) {
+    let main = scale(100_000) as u64 + OPEN;
+    let mut levels = vec![1_000, main, scale(1_000_000) as u64 + OPEN];
+    if scale_f() >= 10.0 {
+        levels.push(10_000_000 + OPEN);
+    }
+    levels.sort();
+    levels.dedup();
+    for (redis, store) in [(false, "embedded"), (true, "Redis")] {
+        let mut runs = Vec::new();
+        for (i, bin) in ctx.bins.clone().iter().enumerate() {
+            runs.push(documents_run(ctx, bin, redis, &levels, main, &format!("{store}-{i}")).await);
+        }
+        fn at(d: &Documents, n: u64) -> &Level {
+            d.levels.iter().find(|l| l.retained == n).unwrap()
+        }
+        let at_main = |d| at(d, main);
+        let m = at_main(&runs[0]);
+        let figure = |what: &str| format!("5. {what}, {store}, {} retained", count(main));
+        type Get = fn(&Level) -> Option<Pair>;
+        let docs: [(String, Get, f64); 4] = [
+            (
+                format!("topic ({} KiB)", m.topic_bytes / 1024),
+                |l| Some(l.topic),
+                0.33,
+            ),
+            ("topic, gzip".into(), |l| l.topic_gzip, 0.33),
+            (
+                format!("closed list ({} KiB)", m.closed.map_or(0, |c| c.1) / 1024),
+                |l| l.closed.map(|c| c.0),
+                0.33,
+            ),
+            (
+                "changes?after= pages of 1,000".into(),
+                |l| Some(l.pages),
+                0.3,
+            ),
+        ];
+        for (what, get, goal) in docs {
+            let per_bin: Option<Vec<(f64, Option<f64>)>> = runs
+                .iter()
+                .map(|d| get(at_main(d)).map(|(h, s)| (h, Some(s))))
+                .collect();
+            if let Some(per_bin) = per_bin {
+                ctx.row(
+                    figure(&what),
+                    Unit::Rate("req"),
+                    Goal::Ratio(goal),
+                    &per_bin,
+                );
+            }
+        }
+        for &n in &levels {
+            let per_bin: Vec<_> = runs
+                .iter()
+                .map(|d| {
+                    let l = d.levels.iter().find(|l| l.retained == n).unwrap();
+                    (
+                        l.rss as f64 / 1_048_576.0,
+                        Some(d.empty_rss as f64 / 1_048_576.0),
+                    )
+                })
+                .collect();
+            ctx.row(
+                format!("6. hub RSS at {} retained, {store}", count(n)),
+                Unit::MiB,
+                Goal::None,
+                &per_bin,
+            );
+        }
+        let mut rows = Vec::new();
+        for (i, &n) in levels.iter().enumerate() {
+            let mut row = vec![count(n)];
+            for d in &runs {
+                let l = &d.levels[i];
+                row.push(format!(
+                    "{} ({}, {:.2})",
+                    si(l.topic.0),
+                    si(l.topic.1),
+                    l.topic.0 / l.topic.1
+                ));
+                row.push(format!(
+                    "{} ({}, {:.2})",
+                    si(l.pages.0),
+                    si(l.pages.1),
+                    l.pages.0 / l.pages.1
+                ));
+                row.push(format!("{:.0}", l.rss as f64 / 1_048_576.0));
+            }
+            rows.push(row);
+        }
+        let mut header = vec![
+            "retained",
+            "topic req/s (static, ratio)",
+            "pages req/s (static, ratio)",
+            "RSS MiB",
+        ];
+        if runs.len() > 1 {
+            header.extend(["before: topic", "pages", "RSS MiB"]);
+        }
+        ctx.report.table(
+            &format!("Catch-up documents by retained changes, {store}"),
+            &header,
+            &rows,
+        );
+    }
+    ctx.report.note(format!(
+        "**5. Catch-up documents**: a fresh hub per store filled with 1,000-change requests \
+         (8 at a time) to each retained level in turn (1,000, then N + {OPEN} so that the topic \
+         holds {OPEN} changes; a list closes every 10,000); at each level `wrk -c8 -t2` for \
+         {}s ({}s at levels other than {}) on the topic, and at {} also on the topic with \
+         `Accept-Encoding: gzip` and on the newest closed list (from `changelist-archive.xml`); \
+         `changes?after=R&limit=1000` with R uniform over the log (a Lua script). Baseline: \
+         nginx serving the bytes the hub served (a page: the one at the middle of the log; \
+         gzip: the hub's gzip bytes with `Content-Encoding: gzip`) as a static file, same wrk. \
+         **6. RSS at N retained**: VmRSS of the hub after those runs; baseline: right after \
+         it started, empty.",
+        secs(3),
+        secs(2),
+        count(main),
+        count(main)
+    ));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Figure 6: idle websockets.
+
+struct WsMemory {
+    per_connection: f64,
+    unreturned: f64,
+}
+
+/// The settled RSS of `pid`: read until two reads 250 ms apart differ by less than 64 KiB
+/// (5 s at most).
+async fn settled_rss(pid: u32) -> u64 {
+    let mut last = procs::rss(pid);
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let now = procs::rss(pid);
+        if now.abs_diff(last) < 64 << 10 {
+            return now;
+        }
+        last = now;
+    }
+    last
+}
+
+/// Opens `n` websockets to `url` (sending `subscribe` and waiting for a `caught_up` frame when
+/// given); returns them running, each reading until it is aborted.
+async fn open_websockets(url: &str, n: usize, subscribe: Option<&str>) -> tokio::task::JoinSet<()> {
+    use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+    use tokio_tungstenite::tungstenite::Message;
+    let config = WebSocketConfig::default()
+        .read_buffer_size(4096)
+        .write_buffer_size(0);
+    let (ready_tx, mut ready_rx) = tokio::sync::mpsc::unbounded_channel();
+    let parallel = Arc::new(tokio::sync::Semaphore::new(200));
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        let (url, ready_tx, parallel) = (url.to_string(), ready_tx.clone(), parallel.clone());
+        let subscribe = subscribe.map(str::to_string);
+        set.spawn(async move {
+            let permit = parallel.acquire_owned().await.unwrap();
+            let (mut ws, _) =
+                tokio_tungstenite::connect_async_with_config(url.as_str(), Some(config), true)
+                    .await
+                    .expect("websocket connect");
+            if let Some(s) = subscribe {
+                ws.send(Message::Text(s.into())).await.unwrap();
+                while let Some(Ok(msg)) = ws.next().await {
+                    if msg.to_text().is_ok_and(|t| t.contains("caught_up")) {
+                        break;
+                    }
+                }
+            }
+            drop(permit);
+            let _ = ready_tx.send(());
+            while ws.next().await.is_some() {}
+        });
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
+    for i in 0..n {
+        match tokio::time::timeout_at(deadline, ready_rx.recv()).await {
+            Ok(Some(())) => {}
+            _ => panic!("websockets: only {i} of {n} ready"),
+        }
+    }
+    set
+}
+
+/// Bytes per idle websocket, and what is left after they close.
+async fn measure_websockets<F, Fut>(
+    pid: u32,
+    url: &str,
+    subscribe: Option<&str>,
+    open: F,
+) -> WsMemory
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Option<u64>>,
+{
+    let n = scale(10_000);
+    // A few first, so that lazily made state is not counted per connection.
+    let warm = open_websockets(url, 10, subscribe).await;
+    let before = settled_rss(pid).await;
+    let mut set = open_websockets(url, n, subscribe).await;
+    let after = settled_rss(pid).await;
+    set.abort_all();
+    while set.join_next().await.is_some() {}
+    procs::poll(
+        "the websockets to close",
+        Duration::from_secs(120),
+        Duration::from_millis(100),
+        || async { open().await.filter(|&c| c <= 10).map(|_| ()) },
+    )
+    .await;
+    let closed = settled_rss(pid).await;
+    drop(warm);
+    WsMemory {
+        per_connection: after.saturating_sub(before) as f64 / n as f64,
+        unreturned: closed as f64 - before as f64,
+    }
+}
+
+async fn websockets_hub(bin: &Path) -> WsMemory {
+    let hub = Hub::start(bin, &HubOpts::default()).await;
+    let url = format!("{}/ws", hub.base.replace("http://", "ws://"));
+    let subscribe = serde_json::json!({"op": "subscribe", "channel": "bench"}).to_string();
+    measure_websockets(hub.pid(), &url, Some(&subscribe), || async {
+        let live: serde_json::Value =
+            serde_json::from_slice(&hub.get("/api/live", &[]).await).ok()?;
+        live["connections"].as_u64()
+    })
+    .await
+}
+
+async fn websockets_minimal() -> WsMemory {
+    let port = procs::free_port();
+    let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+    command
+        .env("BENCH_ROLE", "minimal-websocket")
+        .env("BENCH_PORT", port.to_string())
+        .stdout(std::process::Stdio::null());
+    let server = procs::Proc::spawn("the minimal websocket server", &mut command, None);
+    let base = format!("http://127.0.0.1:{port}");
+    let client = reqwest::Client::new();
+    let count = || {
+        let (client, url) = (client.clone(), format!("{base}/count"));
+        async move {
+            client
+                .get(url)
+                .send()
+                .await
+                .ok()?
+                .text()
+                .await
+                .ok()?
+                .parse()
+                .ok()
+        }
+    };
+    procs::poll(
+        "the minimal server",
+        Duration::from_secs(20),
+        Duration::from_millis(50),
+        count,
+    )
+    .await;
+    measure_websockets(
+        server.pid(),
+        &format!("ws://127.0.0.1:{port}/ws"),
+        None,
+        count,
+    )
+    .await
+}
+
+/// The baseline server: idle websockets, each a task waiting on its socket, and their count.
+async fn minimal_websocket_server(port: u16) {
+    let open = Arc::new(AtomicUsize::new(0));
+    let app = Router::new()
+        .route(
+            "/count",
+            get(|State(open): State<Arc<AtomicUsize>>| async move {
+                open.load(Ordering::Relaxed).to_string()
+            }),
+        )
+        .route(
+            "/ws",
+            get(
+                |ws: WebSocketUpgrade, State(open): State<Arc<AtomicUsize>>| async move {
+                    ws.read_buffer_size(1024).write_buffer_size(0).on_upgrade(
+                        move |mut socket| async move {
+                            open.fetch_add(1, Ordering::Relaxed);
+                            while let Some(Ok(msg)) = socket.recv().await {
+                                if let AxumMessage::Close(_) = msg {
+                                    break;
+                                }
+                            }
+                            open.fetch_sub(1, Ordering::Relaxed);
+                        },
+                    )
+                },
+            ),
+        )
+        .with_state(open);
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .unwrap();
+    axum::serve(listener, app).await.unwrap();
+}
+
+async fn websockets(ctx: &mut Ctx) {
+    let n = scale(10_000);
+    progress(&format!("{n} idle websockets: minimal server"));
+    let minimal = websockets_minimal().await;
+    let mut runs = Vec::new();
+    for bin in ctx.bins.clone() {
+        progress(&format!("{n} idle websockets: hub"));
+        runs.push(websockets_hub(&bin).await);
+    }
+    let per_conn: Vec<_> = runs
+        .iter()
+        .map(|r| {
+            (
+                r.per_connection / 1024.0,
+                Some(minimal.per_connection / 1024.0),
+            )
+        })
+        .collect();
+    ctx.row(
+        format!("6. RSS per idle websocket at {}", count(n)),
+        Unit::KiB,
+        Goal::AtMost(4.0),
+        &per_conn,
+    );
+    let left: Vec<_> = runs
+        .iter()
+        .map(|r| {
+            (
+                r.unreturned / 1_048_576.0,
+                Some(minimal.unreturned / 1_048_576.0),
+            )
+        })
+        .collect();
+    ctx.row(
+        format!("6. RSS not returned after {} websockets closed", count(n)),
+        Unit::MiB,
+        Goal::None,
+        &left,
+    );
+    ctx.report.note(format!(
+        "**6. Idle websockets**: a fresh hub (embedded store, `--ws-ping 1h`); 10 websockets \
+         first, then {n} more on `/ws`, each subscribed live to `bench` and past its \
+         `caught_up`; VmRSS once settled (two reads 250 ms apart within 64 KiB) before and \
+         after, per connection; then they close, and RSS once `/api/live` counts only the 10 \
+         again, minus the RSS before. Baseline: a minimal axum websocket server (this bench \
+         binary as a child process, `BENCH_ROLE=minimal-websocket`), the same clients."
+    ));
+}
+
+// ---------------------------------------------------------------------------------------------
+
+fn main() {
+    if std::env::var("BENCH_ROLE").as_deref() == Ok("minimal-websocket") {
+        let port: u16 = std::env::var("BENCH_PORT").unwrap().parse().unwrap();
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        runtime.block_on(minimal_websocket_server(port));
+        return;
+    }
+    let nofile = procs::raise_nofile();
+    if nofile < 25_000 {
+        eprintln!(
+            "warning: the open-file limit is {nofile}; 10,000 subscribers and websockets need \
+             more than 20,000 (run through scripts/bench.sh, or raise `ulimit -n`)"
+        );
+    }
+    let hub = std::env::var_os("BENCH_HUB_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_changehub")));
+    let mut bins = vec![hub];
+    bins.extend(std::env::var_os("BENCH_BEFORE_BIN").map(PathBuf::from));
+    for bin in &bins {
+        assert!(bin.exists(), "no hub binary at {}", bin.display());
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async move {
+        let mut ctx = Ctx {
+            nginx: Nginx::start(nofile).await,
+            redis: Redis::start().await,
+            scripts: tempfile::tempdir().unwrap(),
+            report: Report::new(bins.len() > 1),
+            bins,
+        };
+        let only = std::env::var("BENCH_ONLY").unwrap_or_default();
+        let run = |group: &str| only.is_empty() || only.split(',').any(|g| g.trim() == group);
+        if run("fanout") {
+            fanout(&mut ctx).await;
+        }
+        if run("callback") {
+            callback(&mut ctx).await;
+        }
+        if run("ingest") {
+            ingest(&mut ctx).await;
+        }
+        if run("documents") {
+            documents(&mut ctx).await;
+        }
+        if run("websockets") {
+            websockets(&mut ctx).await;
+        }
+
+        let mut command =
+            std::env::var("BENCH_COMMAND").unwrap_or_else(|_| "cargo bench --bench suite".into());
+        for var in [
+            "BENCH_SCALE",
+            "BENCH_ONLY",
+            "BENCH_HUB_BIN",
+            "BENCH_BEFORE_BIN",
+        ] {
+            if let Ok(v) = std::env::var(var) {
+                command = format!("{var}={v} {command}");
+            }
+        }
+        let mut bins = vec![("hub".to_string(), ctx.bins[0].display().to_string())];
+        if let Some(b) = ctx.bins.get(1) {
+            bins.push(("before".into(), b.display().to_string()));
+        }
+        let path = std::env::var_os("BENCH_REPORT")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("BENCHMARKS.md"));
+        ctx.report.write(&path, &command, &bins);
+    });
+}

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The benchmark of issue 13: every figure against a baseline from the same run, written to
+# BENCHMARKS.md (see benches/suite.rs). Installs nginx, wrk and redis with apt-get when missing,
+# raises the open-file limit (10,000 subscribers and websockets), then
+# `cargo bench --bench suite` with any arguments given to this script.
+# Environment: BENCH_SCALE (0.1: a quick run), BENCH_BEFORE_BIN (an older changehub binary,
+# measured in the same run), BENCH_HUB_BIN, BENCH_REPORT.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+missing=()
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx-light)
+command -v wrk >/dev/null 2>&1 || missing+=(wrk)
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v redis-benchmark >/dev/null 2>&1 || missing+=(redis-tools)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing what the benchmark needs: ${missing[*]}"
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then
+      sudo="sudo"
+    else
+      echo "please install these Debian packages (as root): ${missing[*]}" >&2
+      exit 1
+    fi
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  # nginx-light is gone from newer Debian releases: nginx then.
+  $sudo apt-get install -y -qq "${missing[@]}" ||
+    $sudo apt-get install -y -qq "${missing[@]/nginx-light/nginx}"
+fi
+
+ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+export PATH="$PATH:/usr/sbin:/sbin"
+export BENCH_COMMAND="bash scripts/bench.sh${*:+ $*}"
+exec cargo bench --bench suite "$@"
