@@ -96,7 +96,7 @@ fn count(n: impl std::fmt::Display) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -423,7 +423,11 @@ async fn fanout(ctx: &mut Ctx) {
             .map(|r| (r.points[i].rate, Some(baselines[i])))
             .collect();
         ctx.row(
-            format!("1. fan-out, {} subscribers", count(s)),
+            format!(
+                "1. fan-out, {} subscriber{}",
+                count(s),
+                if s == 1 { "" } else { "s" }
+            ),
             Unit::Rate("deliveries"),
             goal,
             &per_bin,
@@ -1333,7 +1337,7 @@ fn main() {
         return;
     }
     let nofile = procs::raise_nofile();
-    if nofile < 25_000 {
+    if nofile < 11_000 {
         eprintln!(
             "warning: the open-file limit is {nofile}; 10,000 subscribers and websockets need \
              more than 20,000 (run through scripts/bench.sh, or raise `ulimit -n`)"

@@ -36,7 +36,7 @@ pub fn raise_nofile() -> u64 {
         libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
         libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
     }
-    limit.rlim_cur as u64
+    limit.rlim_cur
 }
 
 /// Resident memory of a process, bytes (`VmRSS`).
