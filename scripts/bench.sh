@@ -12,7 +12,7 @@ missing=()
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx-light)
 command -v wrk >/dev/null 2>&1 || missing+=(wrk)
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
-command -v redis-benchmark >/dev/null 2>&1 || missing+=(redis-tools)
+{ command -v redis-benchmark && command -v redis-cli; } >/dev/null 2>&1 || missing+=(redis-tools)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing what the benchmark needs: ${missing[*]}"
   sudo=""

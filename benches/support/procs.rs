@@ -474,11 +474,16 @@ impl Redis {
         }
     }
 
-    /// Empties the server (between two hubs).
+    /// Empties the server (between two hubs). Through redis-cli, which waits as long as
+    /// FLUSHALL takes (seconds at 10⁶ changes; the client library would time out).
     pub async fn flush(&self) {
-        let client = redis::Client::open(self.url.as_str()).unwrap();
-        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-        let _: String = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+        let out = tokio::process::Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "FLUSHALL"])
+            .output()
+            .await
+            .expect("redis-cli");
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(said.trim() == "OK", "redis-cli FLUSHALL: {said}");
     }
 
     /// ops/s of `redis-benchmark -P 100 -n N XADD bench-stream '*' f v`.
