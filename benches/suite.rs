@@ -433,6 +433,44 @@ async fn fanout(ctx: &mut Ctx) {
             &per_bin,
         );
     }
+    let mut rows = Vec::new();
+    for (i, &s) in counts.iter().enumerate() {
+        let mut row = vec![count(s), si(baselines[i])];
+        for r in &runs {
+            let p = &r.points[i];
+            let mark = if p.complete { "" } else { " (incomplete)" };
+            row.push(format!("{}{mark}", si(p.rate)));
+            row.push(format!("{:.2}", p.rate / baselines[i]));
+            row.push(format!("{:.1}", p.cpu_us));
+            if p.failed > 0 {
+                row.push(format!("{} failed", p.failed));
+            } else {
+                row.push(String::new());
+            }
+        }
+        rows.push(row);
+    }
+    let mut header = vec!["subscribers", "wrk -c S posts/s"];
+    header.extend(["hub deliveries/s", "ratio", "hub CPU µs/delivery", "errors"]);
+    if runs.len() > 1 {
+        header.extend(["before: deliveries/s", "ratio", "CPU µs/delivery", "errors"]);
+    }
+    ctx.report.table("Fan-out by subscribers", &header, &rows);
+    ctx.report.note(format!(
+        "**1. Fan-out**: `changehub serve --max-batch 10 --linger 0ms` (embedded store); \
+         subscribers added through `POST /hub`, each with its own secret and callback \
+         `nginx/cb?s=I` (nginx answers 202), until `/api/subscriptions` lists them all at the \
+         head; then about 60,000 deliveries' worth of notifications of 10 changes ({} bytes \
+         each; at most 10,000 notifications), POSTed as 100-change requests 8 at a time (cut \
+         into notifications by `--max-batch 10`, so that ingest never holds delivery back), and \
+         the clock stops when `changehub_deliveries_total{{outcome=\"delivered\"}}` (polled \
+         every 50 ms) has grown by subscribers × notifications (120 s at most). Hub CPU = utime + stime from /proc over the \
+         same span (ingest and batching included). Baseline: `wrk -c S -t min(S,2) -d {}s` \
+         POSTing the same body with the same headers (Content-Type, Link, X-Hub-Signature, \
+         X-Changehub-*) to the same nginx.",
+        runs[0].body.len(),
+        secs(4)
+    ));
     let probes: Vec<&Probe> = runs.iter().filter_map(|r| r.probe.as_ref()).collect();
     if let Some(p) = probes.first() {
         let n = PROBE_SUBSCRIBERS.min(*counts.last().unwrap());
@@ -467,43 +505,6 @@ async fn fanout(ctx: &mut Ctx) {
             p.probes
         ));
     }
-    let mut rows = Vec::new();
-    for (i, &s) in counts.iter().enumerate() {
-        let mut row = vec![count(s), si(baselines[i])];
-        for r in &runs {
-            let p = &r.points[i];
-            let mark = if p.complete { "" } else { " (incomplete)" };
-            row.push(format!("{}{mark}", si(p.rate)));
-            row.push(format!("{:.2}", p.rate / baselines[i]));
-            row.push(format!("{:.1}", p.cpu_us));
-            if p.failed > 0 {
-                row.push(format!("{} failed", p.failed));
-            } else {
-                row.push(String::new());
-            }
-        }
-        rows.push(row);
-    }
-    let mut header = vec!["subscribers", "wrk -c S posts/s"];
-    header.extend(["hub deliveries/s", "ratio", "hub CPU µs/delivery", "errors"]);
-    if runs.len() > 1 {
-        header.extend(["before: deliveries/s", "ratio", "CPU µs/delivery", "errors"]);
-    }
-    ctx.report.table("Fan-out by subscribers", &header, &rows);
-    ctx.report.note(format!(
-        "**1. Fan-out**: `changehub serve --max-batch 10 --linger 0ms` (embedded store); \
-         subscribers added through `POST /hub`, each with its own secret and callback \
-         `nginx/cb?s=I` (nginx answers 202), until `/api/subscriptions` lists them all at the \
-         head; then about 60,000 deliveries' worth of 10-change requests (one notification of \
-         {} bytes each), POSTed 8 at a time, and the clock stops when \
-         `changehub_deliveries_total{{outcome=\"delivered\"}}` (polled every 50 ms) has grown by \
-         subscribers × requests (120 s at most). Hub CPU = utime + stime from /proc over the \
-         same span (ingest and batching included). Baseline: `wrk -c S -t min(S,2) -d {}s` \
-         POSTing the same body with the same headers (Content-Type, Link, X-Hub-Signature, \
-         X-Changehub-*) to the same nginx.",
-        runs[0].body.len(),
-        secs(4)
-    ));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -974,6 +975,7 @@ async fn documents(ctx: &mut Ctx) {
     }
     levels.sort();
     levels.dedup();
+    let mut rss_rows = Vec::new();
     for (redis, store) in [(false, "embedded"), (true, "Redis")] {
         let mut runs = Vec::new();
         for (i, bin) in ctx.bins.clone().iter().enumerate() {
@@ -1029,12 +1031,12 @@ async fn documents(ctx: &mut Ctx) {
                     )
                 })
                 .collect();
-            ctx.row(
+            rss_rows.push((
                 format!("6. hub RSS at {} retained, {store}", count(n)),
                 Unit::MiB,
                 Goal::None,
-                &per_bin,
-            );
+                per_bin,
+            ));
         }
         let mut rows = Vec::new();
         for (i, &n) in levels.iter().enumerate() {
@@ -1072,10 +1074,13 @@ async fn documents(ctx: &mut Ctx) {
             &rows,
         );
     }
+    for (figure, unit, goal, per_bin) in rss_rows {
+        ctx.row(figure, unit, goal, &per_bin);
+    }
     ctx.report.note(format!(
         "**5. Catch-up documents**: a fresh hub per store filled with 1,000-change requests \
-         (8 at a time) to each retained level in turn (1,000, then N + {OPEN} so that the topic \
-         holds {OPEN} changes; a list closes every 10,000); at each level `wrk -c8 -t2` for \
+         (8 at a time) to each retained level in turn (1,000, then N + {} so that the topic \
+         holds {} changes; a list closes every 10,000); at each level `wrk -c8 -t2` for \
          {}s ({}s at levels other than {}) on the topic, and at {} also on the topic with \
          `Accept-Encoding: gzip` and on the newest closed list (from `changelist-archive.xml`); \
          `changes?after=R&limit=1000` with R uniform over the log (a Lua script). Baseline: \
@@ -1083,6 +1088,8 @@ async fn documents(ctx: &mut Ctx) {
          gzip: the hub's gzip bytes with `Content-Encoding: gzip`) as a static file, same wrk. \
          **6. RSS at N retained**: VmRSS of the hub after those runs; baseline: right after \
          it started, empty.",
+        count(OPEN),
+        count(OPEN),
         secs(3),
         secs(2),
         count(main),
@@ -1319,11 +1326,12 @@ async fn websockets(ctx: &mut Ctx) {
     );
     ctx.report.note(format!(
         "**6. Idle websockets**: a fresh hub (embedded store, `--ws-ping 1h`); 10 websockets \
-         first, then {n} more on `/ws`, each subscribed live to `bench` and past its \
+         first, then {} more on `/ws`, each subscribed live to `bench` and past its \
          `caught_up`; VmRSS once settled (two reads 250 ms apart within 64 KiB) before and \
          after, per connection; then they close, and RSS once `/api/live` counts only the 10 \
          again, minus the RSS before. Baseline: a minimal axum websocket server (this bench \
-         binary as a child process, `BENCH_ROLE=minimal-websocket`), the same clients."
+         binary as a child process, `BENCH_ROLE=minimal-websocket`), the same clients.",
+        count(n)
     ));
 }
 
