@@ -20,6 +20,8 @@
 //! - [`catchup`]: the documents subscribers pull to catch up, and discovery.
 //! - [`cluster`] and [`ownership`]: several instances on one Redis, one owner per channel.
 //! - [`resourcesync`]: ResourceSync documents, written and parsed.
+//! - [`xmpp`]: the XMPP PubSub bridge: each channel's notifications as items of a XEP-0060
+//!   node on an existing XMPP server.
 //!
 //! Around them: [`http`] (the web layer, the only room that knows axum), [`client`] (the
 //! client commands), [`net`] (outbound HTTP, Link headers, URLs), [`auth`] (tokens and
@@ -52,5 +54,6 @@ pub mod server;
 pub mod store;
 pub mod telemetry;
 pub mod work;
+pub mod xmpp;
 
 pub use server::{open_store, run, Error, Hub};

@@ -70,6 +70,7 @@ pub async fn run(
         connections: Arc::default(),
         metrics: crate::telemetry::install(),
         control: hub.control.clone(),
+        xmpp: hub.xmpp.clone(),
     };
     // Declared ones and those of the admin API, by name.
     let channels = hub.feeds.names();
@@ -129,6 +130,8 @@ pub struct Hub {
     pub resumed: usize,
     /// Starts and stops the channels of the admin API.
     pub control: Arc<Control>,
+    /// The XMPP PubSub bridge, when configured.
+    pub xmpp: Option<Arc<crate::xmpp::Bridge>>,
 }
 
 /// How often every instance reloads the channels of the admin API (the announcements that
@@ -316,6 +319,15 @@ impl Hub {
             ownership.clone(),
             &work,
         );
+        let xmpp = config.xmpp.clone().map(|x| {
+            crate::xmpp::Bridge::new(
+                x,
+                config.clone(),
+                store.clone(),
+                feeds.clone(),
+                ownership.clone(),
+            )
+        });
         let fanout = Fanout::new(FanoutParts {
             config: config.clone(),
             store: store.clone(),
@@ -379,7 +391,11 @@ impl Hub {
         ));
         work.tasks
             .spawn(control.clone().follow_changes(work.drain.clone()));
+        if let Some(bridge) = &xmpp {
+            bridge.spawn(&work);
+        }
         Ok(Hub {
+            xmpp,
             config,
             store,
             feeds,

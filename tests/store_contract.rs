@@ -743,6 +743,20 @@ pub async fn index_matches_the_log_after_concurrent_appends(e: &dyn Engine) {
     assert_eq!(s.resource_count("c").await.unwrap(), 30);
 }
 
+pub async fn bridge_cursors_are_kept_per_channel_and_bridge(e: &dyn Engine) {
+    let s = e.open();
+    assert_eq!(s.bridge_cursor("c", "xmpp").await.unwrap(), None);
+    s.put_bridge_cursor("c", "xmpp", 7).await.unwrap();
+    s.put_bridge_cursor("d", "xmpp", 3).await.unwrap();
+    s.put_bridge_cursor("c", "other", 1).await.unwrap();
+    assert_eq!(s.bridge_cursor("c", "xmpp").await.unwrap(), Some(7));
+    assert_eq!(s.bridge_cursor("d", "xmpp").await.unwrap(), Some(3));
+    assert_eq!(s.bridge_cursor("c", "other").await.unwrap(), Some(1));
+    assert_eq!(s.bridge_cursor("e", "xmpp").await.unwrap(), None);
+    s.put_bridge_cursor("c", "xmpp", 9).await.unwrap();
+    assert_eq!(s.bridge_cursor("c", "xmpp").await.unwrap(), Some(9));
+}
+
 macro_rules! contract_tests {
     ($engine:ident, $make:expr) => {
         mod $engine {
@@ -767,6 +781,7 @@ macro_rules! contract_tests {
                 channel_origin_is_recorded_once,
                 resource_marks_cut_the_index_into_pages,
                 index_matches_the_log_after_concurrent_appends,
+                bridge_cursors_are_kept_per_channel_and_bridge,
             );
         }
     };

@@ -65,6 +65,8 @@ pub struct AppState {
     pub control: Arc<crate::server::Control>,
     /// The Prometheus recorder's handle (`None`: another recorder was installed first).
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    /// The XMPP PubSub bridge, when configured (its status and its node's address).
+    pub xmpp: Option<Arc<crate::xmpp::Bridge>>,
 }
 
 /// Every route of the hub.
