@@ -28,3 +28,4 @@ mod shutdown;
 mod subscribe;
 mod topics;
 mod websub;
+mod xmpp;
