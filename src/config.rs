@@ -933,6 +933,43 @@ mod tests {
     }
 
     #[test]
+    fn xmpp_settings_come_together_and_hide_the_password() {
+        let xmpp = |jid: &str, server: Option<&str>, plaintext: bool| ServeArgs {
+            xmpp_jid: Some(jid.into()),
+            xmpp_password: Some("pa55word".into()),
+            xmpp_service: Some("pubsub.example.org".into()),
+            xmpp_server: server.map(String::from),
+            xmpp_plaintext: plaintext,
+            ..ServeArgs::default()
+        };
+        assert_eq!(ServeArgs::default().resolve().unwrap().xmpp, None);
+        let config = xmpp("hub@example.org", None, false).resolve().unwrap();
+        let x = config.xmpp.unwrap();
+        assert_eq!(x.node("news"), "changehub/news");
+        assert_eq!(
+            x.node_uri("news"),
+            "xmpp:pubsub.example.org?pubsub;action=subscribe;node=changehub%2Fnews"
+        );
+        assert!(!format!("{x:?}").contains("pa55word"));
+        assert!(xmpp("hub@example.org", Some("127.0.0.1:5222"), true)
+            .resolve()
+            .is_ok());
+        for bad in [
+            xmpp("example.org", None, false),
+            xmpp("hub@example.org", Some("xmpp.example.org"), false),
+            xmpp("hub@example.org", Some("192.0.2.1:5222"), true),
+            xmpp("hub@example.org", None, true),
+            ServeArgs {
+                xmpp_jid: Some("hub@example.org".into()),
+                ..ServeArgs::default()
+            },
+        ] {
+            let e = bad.resolve().unwrap_err().to_string();
+            assert!(e.contains("xmpp") && !e.contains("pa55word"), "{e}");
+        }
+    }
+
+    #[test]
     fn bad_settings_are_refused() {
         let bad_channel = ServeArgs {
             channels: vec!["Bad=t".into()],
