@@ -179,6 +179,8 @@ impl Bridge {
         let mut published: HashMap<String, watch::Receiver<u64>> = HashMap::new();
         // Nodes set up on the current stream.
         let mut ready: (u64, Vec<String>) = (0, Vec::new());
+        // Requests that went unanswered in a row.
+        let mut unanswered = 0;
         loop {
             if cancel.is_cancelled() {
                 return;
@@ -188,7 +190,10 @@ impl Bridge {
                 o = self.step(&mut session, &mut ready, &mut published) => o,
             };
             match outcome {
-                Ok(true) => reconnect.reset(),
+                Ok(true) => {
+                    reconnect.reset();
+                    unanswered = 0;
+                }
                 Ok(false) => {
                     if drain.is_cancelled() {
                         return; // caught up
@@ -202,6 +207,24 @@ impl Bridge {
                 }
                 Err(e) => {
                     self.failed(&e);
+                    if matches!(e, BridgeError::Session(SessionError::Timeout(_))) {
+                        unanswered += 1;
+                    }
+                    // The client library now and then leaves answers unread on a stream it
+                    // has (re)established: after two unanswered requests on a stream that was
+                    // up, a new session. (Not while the server is unreachable: the client
+                    // reconnects by itself, and each new one would too.)
+                    if unanswered >= 2 && session.streams > 0 {
+                        tracing::debug!("XMPP: requests unanswered; opening a new session");
+                        match Session::open(&self.xmpp, self.config.delivery_timeout) {
+                            Ok(s) => {
+                                session = s;
+                                ready = (u64::MAX, Vec::new());
+                            }
+                            Err(e) => tracing::warn!(error = %e, "XMPP: cannot open a new session"),
+                        }
+                        unanswered = 0;
+                    }
                     if drain.is_cancelled() {
                         return; // what is left is published after the next start
                     }
@@ -240,7 +263,10 @@ impl Bridge {
         for channel in self.feeds.all() {
             let name = &channel.spec.name;
             if channel.spec.read_token.is_some() || !self.ownership.owns(name) {
+                // Another instance may move the cursor meanwhile: read it again when this one
+                // owns the channel again.
                 published.remove(name.as_str());
+                self.state().cursors.remove(name.as_str());
                 continue;
             }
             // Seen now: what it publishes from here on wakes the bridge up.
