@@ -509,12 +509,18 @@ async fn listed(
     }
 }
 
-/// The Capability List of `channel`.
-pub fn capability_list(urls: &Urls, channel: &str) -> Vec<u8> {
-    let links = [
+/// The rel of the link to a channel's XMPP PubSub node (an `xmpp:` URI naming the node), in
+/// the Capability List and the topic's `Link` header.
+pub const XMPP_REL: &str = "notification";
+
+/// The Capability List of `channel`; `xmpp_node` is the `xmpp:` URI of its PubSub node when
+/// the XMPP bridge publishes it.
+pub fn capability_list(urls: &Urls, channel: &str, xmpp_node: Option<&str>) -> Vec<u8> {
+    let mut links = vec![
         DocLink::new("up", urls.source_description()),
         DocLink::new("hub", urls.hub()),
     ];
+    links.extend(xmpp_node.map(|uri| DocLink::new(XMPP_REL, uri)));
     let caps = [
         Capability {
             loc: urls.topic(channel),

@@ -179,6 +179,27 @@ pub struct ServeArgs {
     /// How long a websocket replay waits for a client that reads nothing (default 30s).
     #[arg(long, env = "CHANGEHUB_WS_STALL", value_parser = parse_duration)]
     pub ws_stall: Option<Duration>,
+    /// Publish every channel's notifications to an XMPP PubSub service as this account
+    /// (`hub@example.org`); needs `--xmpp-password` and `--xmpp-service`.
+    #[arg(long, env = "CHANGEHUB_XMPP_JID")]
+    pub xmpp_jid: Option<String>,
+    /// Password of the `--xmpp-jid` account (never logged).
+    #[arg(long, env = "CHANGEHUB_XMPP_PASSWORD", hide_env_values = true)]
+    pub xmpp_password: Option<String>,
+    /// The XMPP PubSub service (XEP-0060) that gets one node per channel
+    /// (`pubsub.example.org`).
+    #[arg(long, env = "CHANGEHUB_XMPP_SERVICE")]
+    pub xmpp_service: Option<String>,
+    /// Connect to this XMPP server (HOST:PORT) instead of the one DNS names for the JID's
+    /// domain.
+    #[arg(long, env = "CHANGEHUB_XMPP_SERVER")]
+    pub xmpp_server: Option<String>,
+    /// Talk to `--xmpp-server` without TLS; only for a server on a loopback address.
+    #[arg(long, env = "CHANGEHUB_XMPP_PLAINTEXT")]
+    pub xmpp_plaintext: bool,
+    /// Node names are this prefix followed by the channel name (default `changehub/`).
+    #[arg(long, env = "CHANGEHUB_XMPP_NODE_PREFIX")]
+    pub xmpp_node_prefix: Option<String>,
 }
 
 /// The TOML file: the same settings, plus per-channel tables.
@@ -235,6 +256,12 @@ struct FileConfig {
     header_read_timeout: Option<Duration>,
     #[serde(default, with = "humantime_serde_opt")]
     body_timeout: Option<Duration>,
+    xmpp_jid: Option<String>,
+    xmpp_password: Option<String>,
+    xmpp_service: Option<String>,
+    xmpp_server: Option<String>,
+    xmpp_plaintext: Option<bool>,
+    xmpp_node_prefix: Option<String>,
     #[serde(default)]
     channels: BTreeMap<String, FileChannel>,
 }
@@ -344,6 +371,111 @@ pub struct Config {
     pub trim_interval: Duration,
     pub live: LiveLimits,
     pub http: HttpLimits,
+    /// The XMPP PubSub bridge, when `--xmpp-jid` is given.
+    pub xmpp: Option<XmppConfig>,
+}
+
+/// The XMPP PubSub bridge's settings (see [`crate::xmpp`]).
+#[derive(Clone, PartialEq, Eq)]
+pub struct XmppConfig {
+    /// The hub's account (a bare JID).
+    pub jid: String,
+    pub password: String,
+    /// The PubSub service's JID.
+    pub service: String,
+    /// HOST:PORT to connect to instead of the DNS lookup of the JID's domain.
+    pub server: Option<String>,
+    /// No TLS (`server` is then a loopback address).
+    pub plaintext: bool,
+    pub node_prefix: String,
+}
+
+impl std::fmt::Debug for XmppConfig {
+    /// Everything but the password.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("XmppConfig")
+            .field("jid", &self.jid)
+            .field("password", &"…")
+            .field("service", &self.service)
+            .field("server", &self.server)
+            .field("plaintext", &self.plaintext)
+            .field("node_prefix", &self.node_prefix)
+            .finish()
+    }
+}
+
+impl XmppConfig {
+    /// The PubSub node of `channel`.
+    pub fn node(&self, channel: &str) -> String {
+        format!("{}{channel}", self.node_prefix)
+    }
+
+    /// The XMPP URI (RFC 5122, XEP-0060's `pubsub` query) that subscribes to the node of
+    /// `channel`: what the Capability List and the topic's `Link` header advertise.
+    pub fn node_uri(&self, channel: &str) -> String {
+        let node = self.node(channel);
+        let node = percent_encoding::utf8_percent_encode(&node, percent_encoding::NON_ALPHANUMERIC);
+        format!("xmpp:{}?pubsub;action=subscribe;node={node}", self.service)
+    }
+
+    /// Checks the settings given as flags or in the file; `None` when the bridge is off.
+    fn resolve(
+        jid: Option<String>,
+        password: Option<String>,
+        service: Option<String>,
+        server: Option<String>,
+        plaintext: bool,
+        node_prefix: Option<String>,
+    ) -> Result<Option<XmppConfig>, ConfigError> {
+        let invalid = |m: &str| Err(ConfigError::Invalid(m.to_string()));
+        let (jid, password, service) =
+            match (jid, password, service) {
+                (None, None, None) if server.is_none() && !plaintext => return Ok(None),
+                (Some(j), Some(p), Some(s)) => (j, p, s),
+                _ => return invalid(
+                    "the XMPP bridge needs --xmpp-jid, --xmpp-password and --xmpp-service together",
+                ),
+            };
+        match tokio_xmpp::jid::BareJid::new(&jid) {
+            Ok(bare) if bare.node().is_some() => {}
+            _ => {
+                return invalid("--xmpp-jid must be an account's bare JID, such as hub@example.org")
+            }
+        }
+        if tokio_xmpp::jid::BareJid::new(&service).is_err() {
+            return invalid("--xmpp-service must be a JID, such as pubsub.example.org");
+        }
+        if let Some(server) = &server {
+            if server
+                .rsplit_once(':')
+                .and_then(|(_, p)| p.parse::<u16>().ok())
+                .is_none()
+            {
+                return invalid("--xmpp-server must be HOST:PORT");
+            }
+        }
+        if plaintext {
+            let loopback = server
+                .as_deref()
+                .and_then(|s| s.parse::<SocketAddr>().ok())
+                .is_some_and(|a| a.ip().is_loopback());
+            if !loopback {
+                return invalid(
+                    "--xmpp-plaintext sends the password unencrypted: it needs --xmpp-server \
+                     with a loopback address (127.0.0.1:PORT)",
+                );
+            }
+        }
+        let node_prefix = node_prefix.unwrap_or_else(|| "changehub/".to_string());
+        Ok(Some(XmppConfig {
+            jid,
+            password,
+            service,
+            server,
+            plaintext,
+            node_prefix,
+        }))
+    }
 }
 
 impl Config {
@@ -541,7 +673,17 @@ impl ServeArgs {
             (None, None) => Algorithm::Sha256,
         };
 
+        let xmpp = XmppConfig::resolve(
+            self.xmpp_jid.or(file.xmpp_jid),
+            self.xmpp_password.or(file.xmpp_password),
+            self.xmpp_service.or(file.xmpp_service),
+            self.xmpp_server.or(file.xmpp_server),
+            self.xmpp_plaintext || file.xmpp_plaintext.unwrap_or(false),
+            self.xmpp_node_prefix.or(file.xmpp_node_prefix),
+        )?;
+
         let config = Config {
+            xmpp,
             listen,
             urls,
             store,
@@ -788,6 +930,43 @@ mod tests {
         assert!(args("*").resolve().is_ok());
         assert!(args("https://example.org/feeds/").resolve().is_ok());
         assert!(args("example.org").resolve().is_err());
+    }
+
+    #[test]
+    fn xmpp_settings_come_together_and_hide_the_password() {
+        let xmpp = |jid: &str, server: Option<&str>, plaintext: bool| ServeArgs {
+            xmpp_jid: Some(jid.into()),
+            xmpp_password: Some("pa55word".into()),
+            xmpp_service: Some("pubsub.example.org".into()),
+            xmpp_server: server.map(String::from),
+            xmpp_plaintext: plaintext,
+            ..ServeArgs::default()
+        };
+        assert_eq!(ServeArgs::default().resolve().unwrap().xmpp, None);
+        let config = xmpp("hub@example.org", None, false).resolve().unwrap();
+        let x = config.xmpp.unwrap();
+        assert_eq!(x.node("news"), "changehub/news");
+        assert_eq!(
+            x.node_uri("news"),
+            "xmpp:pubsub.example.org?pubsub;action=subscribe;node=changehub%2Fnews"
+        );
+        assert!(!format!("{x:?}").contains("pa55word"));
+        assert!(xmpp("hub@example.org", Some("127.0.0.1:5222"), true)
+            .resolve()
+            .is_ok());
+        for bad in [
+            xmpp("example.org", None, false),
+            xmpp("hub@example.org", Some("xmpp.example.org"), false),
+            xmpp("hub@example.org", Some("192.0.2.1:5222"), true),
+            xmpp("hub@example.org", None, true),
+            ServeArgs {
+                xmpp_jid: Some("hub@example.org".into()),
+                ..ServeArgs::default()
+            },
+        ] {
+            let e = bad.resolve().unwrap_err().to_string();
+            assert!(e.contains("xmpp") && !e.contains("pa55word"), "{e}");
+        }
     }
 
     #[test]

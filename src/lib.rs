@@ -22,6 +22,8 @@
 //! - [`resourcesync`]: ResourceSync documents, written and parsed.
 //! - [`feedsync`]: FeedSync collections, written and parsed (the sync algorithms are
 //!   [`model::feedsync`]).
+//! - [`xmpp`]: the XMPP PubSub bridge: each channel's notifications as items of a XEP-0060
+//!   node on an existing XMPP server.
 //!
 //! Around them: [`http`] (the web layer, the only room that knows axum), [`client`] (the
 //! client commands), [`net`] (outbound HTTP, Link headers, URLs), [`auth`] (tokens and
@@ -55,5 +57,6 @@ pub mod server;
 pub mod store;
 pub mod telemetry;
 pub mod work;
+pub mod xmpp;
 
 pub use server::{open_store, run, Error, Hub};

@@ -21,10 +21,16 @@ pub enum LogFormat {
     Json,
 }
 
+/// The directive that silences the XMPP client's stream dumps (see [`init`]).
+const NO_XMPP_STREAM_DUMPS: &str = "tokio_xmpp::xmlstream=off";
+
 /// Starts logging to stderr in `format`. Call once, first thing.
 pub fn init(format: LogFormat) {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("changehub=info,warn"));
+    // The XMPP client library traces every byte it sends, the login's credentials included:
+    // never shown, whatever RUST_LOG asks for.
+    let filter = filter.add_directive(NO_XMPP_STREAM_DUMPS.parse().expect("a valid directive"));
     let colours = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let writer = SafeStderr { colours };
     let builder = tracing_subscriber::fmt()

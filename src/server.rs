@@ -71,6 +71,7 @@ pub async fn run(
         metrics: crate::telemetry::install(),
         control: hub.control.clone(),
         rendered: Arc::default(),
+        xmpp: hub.xmpp.clone(),
     };
     // Declared ones and those of the admin API, by name.
     let channels = hub.feeds.names();
@@ -130,6 +131,8 @@ pub struct Hub {
     pub resumed: usize,
     /// Starts and stops the channels of the admin API.
     pub control: Arc<Control>,
+    /// The XMPP PubSub bridge, when configured.
+    pub xmpp: Option<Arc<crate::xmpp::Bridge>>,
 }
 
 /// How often every instance reloads the channels of the admin API (the announcements that
@@ -317,6 +320,15 @@ impl Hub {
             ownership.clone(),
             &work,
         );
+        let xmpp = config.xmpp.clone().map(|x| {
+            crate::xmpp::Bridge::new(
+                x,
+                config.clone(),
+                store.clone(),
+                feeds.clone(),
+                ownership.clone(),
+            )
+        });
         let fanout = Fanout::new(FanoutParts {
             config: config.clone(),
             store: store.clone(),
@@ -381,7 +393,11 @@ impl Hub {
         ));
         work.tasks
             .spawn(control.clone().follow_changes(work.drain.clone()));
+        if let Some(bridge) = &xmpp {
+            bridge.spawn(&work);
+        }
         Ok(Hub {
+            xmpp,
             config,
             store,
             feeds,

@@ -21,6 +21,9 @@
 //! | `changehub_subscriber_lag_max` | gauge: seqs the furthest-behind subscriber is behind the published head | `channel` |
 //! | `changehub_websocket_connections`, `changehub_sse_connections` | gauge | |
 //! | `changehub_channels_owned` | gauge | |
+//! | `changehub_xmpp_items_total` | counter: items the XMPP bridge published | `channel` |
+//! | `changehub_xmpp_lag` | gauge: seqs published but not yet on the channel's XMPP node (set by the bridge's owner) | `channel` |
+//! | `changehub_xmpp_connected` | gauge: 1 when the XMPP service answered the bridge's last request | |
 //!
 //! The recorder is process-wide: several hubs in one process (tests) share it.
 //!

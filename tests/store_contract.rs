@@ -857,6 +857,20 @@ async fn check_items(s: &dyn Store, expected: &std::collections::BTreeMap<String
 /// A merge is appended only if nothing it read has moved; its items take their merged state,
 /// their changes record the conflicts, the conflicts are listed, and an update by the
 /// conflicting endpoint resolves them.
+pub async fn bridge_cursors_are_kept_per_channel_and_bridge(e: &dyn Engine) {
+    let s = e.open();
+    assert_eq!(s.bridge_cursor("c", "xmpp").await.unwrap(), None);
+    s.put_bridge_cursor("c", "xmpp", 7).await.unwrap();
+    s.put_bridge_cursor("d", "xmpp", 3).await.unwrap();
+    s.put_bridge_cursor("c", "other", 1).await.unwrap();
+    assert_eq!(s.bridge_cursor("c", "xmpp").await.unwrap(), Some(7));
+    assert_eq!(s.bridge_cursor("d", "xmpp").await.unwrap(), Some(3));
+    assert_eq!(s.bridge_cursor("c", "other").await.unwrap(), Some(1));
+    assert_eq!(s.bridge_cursor("e", "xmpp").await.unwrap(), None);
+    s.put_bridge_cursor("c", "xmpp", 9).await.unwrap();
+    assert_eq!(s.bridge_cursor("c", "xmpp").await.unwrap(), Some(9));
+}
+
 pub async fn merges_are_appended_only_onto_what_they_read(e: &dyn Engine) {
     let s = e.open();
     let now = at("2024-01-01T00:00:00Z");
@@ -1013,6 +1027,7 @@ macro_rules! contract_tests {
                 index_matches_the_log_after_concurrent_appends,
                 feedsync_items_follow_every_change,
                 merges_are_appended_only_onto_what_they_read,
+                bridge_cursors_are_kept_per_channel_and_bridge,
             );
         }
     };

@@ -59,6 +59,9 @@ struct ChannelView {
     last_fetch: Option<OffsetDateTime>,
     #[serde(skip_serializing_if = "Option::is_none")]
     last_fetch_error: Option<String>,
+    /// Hosted public channels, with the XMPP bridge on: the node and how far behind it is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    xmpp: Option<crate::xmpp::ChannelStatus>,
 }
 
 /// `GET /api/channels`
@@ -90,6 +93,13 @@ pub async fn channels(
             oldest: head.oldest,
             last: head.last,
             published: channel.feed.published_seq(),
+            xmpp: state.xmpp.as_ref().and_then(|b| {
+                b.status(
+                    name,
+                    channel.feed.published_seq(),
+                    channel.spec.read_token.is_some(),
+                )
+            }),
             content: None,
             content_version: None,
             fetches: None,
@@ -116,6 +126,7 @@ pub async fn channels(
             fetches: Some(status.fetches),
             last_fetch: status.last_fetch,
             last_fetch_error: status.last_error,
+            xmpp: None,
         });
     }
     Ok(Json(out).into_response())

@@ -30,6 +30,9 @@ struct Readable {
     /// How its log is cut into Change Lists.
     lists: Lists,
     feed: Arc<ChannelFeed>,
+    /// The `xmpp:` URI of its PubSub node, when the XMPP bridge publishes it (a public hosted
+    /// channel).
+    xmpp_node: Option<String>,
 }
 
 impl Readable {
@@ -52,6 +55,10 @@ impl Readable {
                     size: channel.spec.retention.list_size,
                 },
                 feed: channel.feed,
+                xmpp_node: match (&state.config.xmpp, &channel.spec.read_token) {
+                    (Some(x), None) => Some(x.node_uri(name)),
+                    _ => None,
+                },
             });
         }
         let topic = state.external.by_channel(name).ok_or_else(no_channel)?;
@@ -59,6 +66,7 @@ impl Readable {
             topic: topic.url.clone(),
             lists: external::LISTS,
             feed: topic.feed.clone(),
+            xmpp_node: None,
         })
     }
 
@@ -160,7 +168,10 @@ pub async fn changelist(
         };
         doc.response(&headers)
     };
-    let links = net::hub_links(&state.config.urls.hub(), &channel.topic);
+    let mut links = net::hub_links(&state.config.urls.hub(), &channel.topic);
+    if let Some(uri) = &channel.xmpp_node {
+        links.push_str(&format!(", <{uri}>; rel=\"{}\"", catchup::XMPP_REL));
+    }
     set_header(&mut response, http::header::LINK, &links);
     set_header(&mut response, http::header::ETAG, &etag);
     set_header(&mut response, http::header::CACHE_CONTROL, "no-cache");
@@ -341,8 +352,12 @@ pub async fn capability_list(
     Query(q): Query<TokenQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    Readable::new(&state, &name, &headers, q.token.as_deref())?;
-    Ok(xml(catchup::capability_list(&state.config.urls, &name)))
+    let channel = Readable::new(&state, &name, &headers, q.token.as_deref())?;
+    Ok(xml(catchup::capability_list(
+        &state.config.urls,
+        &name,
+        channel.xmpp_node.as_deref(),
+    )))
 }
 
 /// `GET /.well-known/resourcesync`

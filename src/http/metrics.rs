@@ -23,6 +23,9 @@ pub async fn metrics(
         ));
     };
     gauges(&state).await?.set();
+    if let Some(bridge) = &state.xmpp {
+        bridge.set_gauges();
+    }
     handle.run_upkeep();
     Ok((
         [(

@@ -70,6 +70,8 @@ pub struct AppState {
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     /// Topics and closed Change Lists as last rendered.
     pub rendered: Arc<rendered::RenderedDocs>,
+    /// The XMPP PubSub bridge, when configured (its status and its node's address).
+    pub xmpp: Option<Arc<crate::xmpp::Bridge>>,
 }
 
 /// Every route of the hub.

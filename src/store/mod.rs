@@ -273,6 +273,18 @@ pub trait Store: Send + Sync + 'static {
     }
     async fn delivery(&self, sub_id: &str) -> Result<Option<DeliveryState>, StoreError>;
 
+    /// Records that `bridge` (a named follower of the channel's notifications that passes them
+    /// on elsewhere, such as the XMPP bridge) has passed on everything up to `seq`. Like
+    /// delivery state, losing the last write in a crash only passes a notification on again.
+    async fn put_bridge_cursor(
+        &self,
+        channel: &str,
+        bridge: &str,
+        seq: u64,
+    ) -> Result<(), StoreError>;
+    /// The last seq `bridge` passed on for `channel`; `None` when it never recorded one.
+    async fn bridge_cursor(&self, channel: &str, bridge: &str) -> Result<Option<u64>, StoreError>;
+
     /// Succeeds when the store can serve requests (readiness).
     async fn ping(&self) -> Result<(), StoreError>;
 

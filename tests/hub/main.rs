@@ -29,3 +29,4 @@ mod shutdown;
 mod subscribe;
 mod topics;
 mod websub;
+mod xmpp;

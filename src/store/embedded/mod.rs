@@ -42,6 +42,7 @@ const DELIVERY: TableDefinition<&str, &[u8]> = TableDefinition::new("delivery");
 /// Channels created at runtime: name → their settings (JSON).
 const CHANNEL_SPECS: TableDefinition<&str, &[u8]> = TableDefinition::new("channel-specs");
 
+mod bridges;
 mod feedsync;
 mod file;
 mod handle;
@@ -823,6 +824,23 @@ impl Store for EmbeddedStore {
         answer
             .await
             .map_err(|_| StoreError::Unavailable("writer stopped".into()))?
+    }
+
+    async fn put_bridge_cursor(
+        &self,
+        channel: &str,
+        bridge: &str,
+        seq: u64,
+    ) -> Result<(), StoreError> {
+        let (channel, bridge) = (channel.to_string(), bridge.to_string());
+        self.blocking(true, move |db| bridges::put(db, &channel, &bridge, seq))
+            .await
+    }
+
+    async fn bridge_cursor(&self, channel: &str, bridge: &str) -> Result<Option<u64>, StoreError> {
+        let (channel, bridge) = (channel.to_string(), bridge.to_string());
+        self.blocking(false, move |db| bridges::get(db, &channel, &bridge))
+            .await
     }
 
     async fn delivery(&self, sub_id: &str) -> Result<Option<DeliveryState>, StoreError> {

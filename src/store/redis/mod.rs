@@ -22,6 +22,7 @@
 //! | `changehub:{c}:delivery` | hash | subscription id → delivery state (JSON) |
 //! | `changehub:{c}:expiries` | sorted set | subscription id by lease expiry (unix seconds) |
 //! | `changehub:{c}:retries` | sorted set | subscription id by next retry (unix seconds), while one is pending |
+//! | `changehub:{c}:bridges` | hash | bridge name (`xmpp`) → the last seq it passed on |
 //! | `changehub:{c}:owner` | string (PX) | the ownership lease: the holder's instance id |
 //! | `changehub:subscription-channels` | hash | subscription id → channel (the one key outside a channel's slot) |
 //!
@@ -71,6 +72,7 @@ use super::{
 use crate::model::feedsync::{MergedChange, Synced};
 use crate::model::{Change, ChannelSpec, DeliveryState, NewChange, Retention, Subscription};
 
+mod bridges;
 mod conn;
 mod events;
 mod feedsync;
@@ -353,6 +355,19 @@ impl Store for RedisStore {
 
     async fn delivery(&self, sub_id: &str) -> Result<Option<DeliveryState>, StoreError> {
         subscriptions::delivery(self, sub_id).await
+    }
+
+    async fn put_bridge_cursor(
+        &self,
+        channel: &str,
+        bridge: &str,
+        seq: u64,
+    ) -> Result<(), StoreError> {
+        bridges::put(self, channel, bridge, seq).await
+    }
+
+    async fn bridge_cursor(&self, channel: &str, bridge: &str) -> Result<Option<u64>, StoreError> {
+        bridges::get(self, channel, bridge).await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
