@@ -166,7 +166,8 @@ impl Control {
     fn start_batcher(&self, feed: Arc<ChannelFeed>) {
         let stop = self.removal_token(&feed.name);
         let batcher = Batcher::new(feed, self.store.clone(), self.config.clone());
-        self.work.batchers.spawn(batcher.run(stop));
+        self.fanout
+            .spawn_on_delivery_side(&self.work.batchers, batcher.run(stop));
     }
 
     /// Loads the stored settings of `channel` and applies them: a new channel starts, a
