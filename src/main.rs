@@ -7,10 +7,6 @@ use clap::{Parser, Subcommand};
 use changehub::client::{healthcheck, publish, subscribe, tail};
 use changehub::logging::{self, LogFormat};
 
-/// mimalloc: the delivery path allocates and frees many small buffers per request, which the
-/// system allocator serves more slowly (see docs/performance.md).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser)]
 #[command(
