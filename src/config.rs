@@ -89,6 +89,11 @@ pub struct ServeArgs {
     /// Largest ingest request body in bytes (default 8 MiB).
     #[arg(long, env = "CHANGEHUB_MAX_BODY")]
     pub max_body: Option<usize>,
+    /// Memory the embedded store may use to cache its file, in MiB (default 256): it bounds
+    /// the hub's resident memory however long the log grows; more makes reads of older
+    /// changes faster. Not used with --redis.
+    #[arg(long, env = "CHANGEHUB_CACHE_SIZE")]
+    pub cache_size: Option<usize>,
     /// Lease granted when a subscriber asks for none (default 10 days).
     #[arg(long, env = "CHANGEHUB_LEASE_DEFAULT", value_parser = parse_duration)]
     pub lease_default: Option<Duration>,
@@ -219,6 +224,7 @@ struct FileConfig {
     #[serde(default, with = "humantime_serde_opt")]
     linger: Option<Duration>,
     max_body: Option<usize>,
+    cache_size: Option<usize>,
     #[serde(default, with = "humantime_serde_opt")]
     lease_default: Option<Duration>,
     #[serde(default, with = "humantime_serde_opt")]
@@ -295,8 +301,14 @@ mod humantime_serde_opt {
 /// Which store backs the hub.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreConfig {
-    Embedded { data_dir: PathBuf },
-    Redis { url: String },
+    /// `cache_size`: bytes of the file kept in memory.
+    Embedded {
+        data_dir: PathBuf,
+        cache_size: usize,
+    },
+    Redis {
+        url: String,
+    },
 }
 
 /// A hosted channel's settings (see [`crate::model::ChannelSpec`]).
@@ -561,6 +573,12 @@ impl ServeArgs {
                     .data_dir
                     .or(file.data_dir)
                     .unwrap_or_else(|| PathBuf::from("changehub-data")),
+                cache_size: self
+                    .cache_size
+                    .or(file.cache_size)
+                    .map_or(crate::store::embedded::DEFAULT_CACHE, |mib| {
+                        mib.saturating_mul(1 << 20)
+                    }),
             },
         };
 
@@ -887,6 +905,31 @@ mod tests {
             .unwrap();
             assert_eq!(config.urls.public(), "http://hub.example.org:8080");
         }
+    }
+
+    #[test]
+    fn the_cache_size_is_mebibytes_from_the_flag_or_the_file() {
+        let cache = |args: ServeArgs| match args.resolve().unwrap().store {
+            StoreConfig::Embedded { cache_size, .. } => cache_size,
+            StoreConfig::Redis { .. } => panic!("not embedded"),
+        };
+        assert_eq!(
+            cache(ServeArgs::default()),
+            crate::store::embedded::DEFAULT_CACHE
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hub.toml");
+        std::fs::write(&path, "cache_size = 32\n").unwrap();
+        let from_file = ServeArgs {
+            config: Some(path),
+            ..ServeArgs::default()
+        };
+        assert_eq!(cache(from_file.clone()), 32 << 20);
+        let flag = ServeArgs {
+            cache_size: Some(64),
+            ..from_file
+        };
+        assert_eq!(cache(flag), 64 << 20);
     }
 
     #[test]

@@ -7,7 +7,6 @@ use clap::{Parser, Subcommand};
 use changehub::client::{healthcheck, publish, subscribe, tail};
 use changehub::logging::{self, LogFormat};
 
-
 #[derive(Parser)]
 #[command(
     name = "changehub",

@@ -35,7 +35,13 @@ pub enum Error {
 /// Opens the configured store.
 pub fn open_store(config: &Config) -> Result<Arc<dyn Store>, Error> {
     match &config.store {
-        StoreConfig::Embedded { data_dir } => Ok(Arc::new(EmbeddedStore::open(data_dir)?)),
+        StoreConfig::Embedded {
+            data_dir,
+            cache_size,
+        } => Ok(Arc::new(EmbeddedStore::open_with_cache(
+            data_dir,
+            *cache_size,
+        )?)),
         StoreConfig::Redis { url } => Ok(Arc::new(RedisStore::open(url)?)),
     }
 }
@@ -103,7 +109,9 @@ pub async fn run(
 /// Which store, and where, for the start-up line (a Redis password is not shown).
 fn store_summary(store: &StoreConfig) -> String {
     match store {
-        StoreConfig::Embedded { data_dir } => format!("embedded at {}", data_dir.display()),
+        StoreConfig::Embedded { data_dir, .. } => {
+            format!("embedded at {}", data_dir.display())
+        }
         StoreConfig::Redis { url } => {
             let shown = match (url.find("://"), url.rfind('@')) {
                 (Some(scheme), Some(at)) if at > scheme => {

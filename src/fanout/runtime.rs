@@ -1,9 +1,9 @@
 //! The delivery workers' own runtime, whose threads run at a lower CPU priority than the rest
 //! of the hub. When fan-out keeps every core busy, the HTTP side (a source's publish waiting
 //! for its 202, a subscriber reading the topic) still gets the CPU first; delivery takes what
-//! is left, which is all of it when nothing else runs. Measured (`bash scripts/bench.sh`,
-//! 1,000 subscribers on two cores): a publish's 202 p99 fell from 26–42 ms to 3.7 ms, for
-//! about 40% more CPU per delivery than with everything on one runtime (see BENCHMARKS.md).
+//! is left, which is all of it when nothing else runs. Measured with `bash scripts/bench.sh`
+//! (1,000 subscribers, two cores): a publish's 202 p99 went from 26–57 ms to under 5 ms
+//! (BENCHMARKS.md has the run).
 
 use tokio::runtime::{Builder, Handle, Runtime};
 
@@ -14,7 +14,8 @@ const NICENESS: i32 = 10;
 
 /// A multi-thread runtime for the delivery workers and the batchers that wake them: one
 /// thread per two cores (at least one). On two cores one thread measured less CPU per
-/// delivery than two (no work stealing between them) and left the other core to ingest.
+/// delivery than two (37 against 51 µs at 1,000 subscribers: no work stealing between them)
+/// and leaves the other core to ingest.
 pub struct DeliveryRuntime {
     runtime: Option<Runtime>,
 }

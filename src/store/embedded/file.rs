@@ -30,8 +30,8 @@ impl DiskFull {
     }
 }
 
-/// Opens (or creates) the database file at `path`.
-pub fn open(path: &Path, full: &Arc<DiskFull>) -> Result<Database, DatabaseError> {
+/// Opens (or creates) the database file at `path`, caching at most `cache` bytes of it.
+pub fn open(path: &Path, full: &Arc<DiskFull>, cache: usize) -> Result<Database, DatabaseError> {
     let file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -42,7 +42,9 @@ pub fn open(path: &Path, full: &Arc<DiskFull>) -> Result<Database, DatabaseError
         file: FileBackend::new(file)?,
         full: full.clone(),
     };
-    Builder::new().create_with_backend(backend)
+    Builder::new()
+        .set_cache_size(cache)
+        .create_with_backend(backend)
 }
 
 #[derive(Debug)]

@@ -35,6 +35,8 @@ const REPEAT: Duration = Duration::from_secs(60);
 pub(super) struct Handle {
     dir: PathBuf,
     full: Arc<DiskFull>,
+    /// Bytes of the file kept in memory (redb's cache).
+    cache: usize,
     state: Mutex<State>,
 }
 
@@ -102,11 +104,16 @@ impl Broken {
 
 impl Handle {
     /// Opens (or creates) the database of `dir`.
-    pub(super) fn open(dir: &Path, full: Arc<DiskFull>) -> Result<Handle, StoreError> {
-        let db = open_db(&dir.join(FILE), &full)?;
+    pub(super) fn open(
+        dir: &Path,
+        full: Arc<DiskFull>,
+        cache: usize,
+    ) -> Result<Handle, StoreError> {
+        let db = open_db(&dir.join(FILE), &full, cache)?;
         Ok(Handle {
             dir: dir.to_path_buf(),
             full,
+            cache,
             state: Mutex::new(State::Open {
                 db: Arc::new(db),
                 reopened: None,
@@ -210,7 +217,7 @@ impl Handle {
         }
         let reopened = file::has_room(&self.dir, &self.full)
             .map_err(failed)
-            .and_then(|()| open_db(&self.dir.join(FILE), &self.full));
+            .and_then(|()| open_db(&self.dir.join(FILE), &self.full, self.cache));
         let mut state = self.lock();
         let State::Broken(broken) = &mut *state else {
             return None;
@@ -243,8 +250,8 @@ const FILE: &str = "changehub.redb";
 
 /// Opens the database file and makes sure every table exists, so that readers never meet a
 /// missing one.
-fn open_db(path: &Path, full: &Arc<DiskFull>) -> Result<Database, StoreError> {
-    let db = file::open(path, full).map_err(|e| match e {
+fn open_db(path: &Path, full: &Arc<DiskFull>, cache: usize) -> Result<Database, StoreError> {
+    let db = file::open(path, full, cache).map_err(|e| match e {
         redb::DatabaseError::DatabaseAlreadyOpen => StoreError::Unavailable(format!(
             "{} is in use by another process (another changehub serving the same \
              --data-dir?); one hub at a time per data folder",
@@ -275,7 +282,7 @@ fn open_db(path: &Path, full: &Arc<DiskFull>) -> Result<Database, StoreError> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::EmbeddedStore;
+    use super::super::{EmbeddedStore, DEFAULT_CACHE};
     use super::*;
     use crate::model::{ChangeType, NewChange};
     use crate::store::Store;
@@ -310,7 +317,7 @@ mod tests {
     async fn a_full_disk_is_refused_then_the_store_reopens_on_its_own() {
         let dir = tempfile::tempdir().unwrap();
         let full = Arc::new(DiskFull::default());
-        let store = EmbeddedStore::open_with(dir.path(), full.clone()).unwrap();
+        let store = EmbeddedStore::open_with(dir.path(), full.clone(), DEFAULT_CACHE).unwrap();
         let now = OffsetDateTime::now_utc();
         let acked = store
             .append("c", changes("a", 10), None, now)

@@ -51,6 +51,9 @@ use file::DiskFull;
 use handle::Handle;
 use index::IndexWriter;
 
+/// Bytes of the database file cached in memory unless `--cache-size` says otherwise.
+pub const DEFAULT_CACHE: usize = 256 << 20;
+
 /// Most appends committed in one transaction.
 const MAX_GROUP: usize = 256;
 
@@ -169,15 +172,25 @@ fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, StoreError> {
 }
 
 impl EmbeddedStore {
-    /// Opens (or creates) the store in `dir`.
+    /// Opens (or creates) the store in `dir`, with the default cache.
     pub fn open(dir: &Path) -> Result<EmbeddedStore, StoreError> {
-        EmbeddedStore::open_with(dir, Arc::default())
+        EmbeddedStore::open_with(dir, Arc::default(), DEFAULT_CACHE)
+    }
+
+    /// Opens (or creates) the store in `dir`, keeping at most `cache` bytes of its file in
+    /// memory (`--cache-size`): what bounds the hub's memory as the log grows.
+    pub fn open_with_cache(dir: &Path, cache: usize) -> Result<EmbeddedStore, StoreError> {
+        EmbeddedStore::open_with(dir, Arc::default(), cache)
     }
 
     /// Opens the store with a switch that makes its disk look full (tests).
-    fn open_with(dir: &Path, full: Arc<DiskFull>) -> Result<EmbeddedStore, StoreError> {
+    fn open_with(
+        dir: &Path,
+        full: Arc<DiskFull>,
+        cache: usize,
+    ) -> Result<EmbeddedStore, StoreError> {
         std::fs::create_dir_all(dir).map_err(failed)?;
-        let handle = Arc::new(Handle::open(dir, full)?);
+        let handle = Arc::new(Handle::open(dir, full, cache)?);
         let heads: Heads = Arc::default();
         let (tx, rx) = std_mpsc::channel();
         let writer_handle = handle.clone();
