@@ -9,6 +9,7 @@
 //! - `BENCH_HUB_BIN`: the hub binary under test (default: this package's release binary).
 //! - `BENCH_BEFORE_BIN`: an older `changehub` binary; every hub figure is measured for it too,
 //!   in the same run, and the table gets before columns.
+//! - `BENCH_BEFORE_LABEL`: how the report names the before binary (default: its path).
 //! - `BENCH_REPORT`: where to write the report (default `BENCHMARKS.md` at the repo root).
 //! - `BENCH_ONLY`: some of `fanout,callback,ingest,documents,websockets` (default: all).
 //! - `BENCH_VERBOSE`: print every wrk output.
@@ -1398,12 +1399,24 @@ fn main() {
             "BENCH_BEFORE_BIN",
         ] {
             if let Ok(v) = std::env::var(var) {
+                let v = match std::env::var("BENCH_BEFORE_LABEL") {
+                    Ok(label) if var == "BENCH_BEFORE_BIN" => format!("<{label}>"),
+                    _ => v,
+                };
                 command = format!("{var}={v} {command}");
             }
         }
-        let mut bins = vec![("hub".to_string(), ctx.bins[0].display().to_string())];
+        // A binary inside the repository is shown by its relative path; the before binary by
+        // BENCH_BEFORE_LABEL when given (e.g. "the release build of commit abc1234").
+        let shown = |bin: &Path| {
+            let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+            bin.strip_prefix(root)
+                .map_or_else(|_| bin.display().to_string(), |p| p.display().to_string())
+        };
+        let mut bins = vec![("hub".to_string(), shown(&ctx.bins[0]))];
         if let Some(b) = ctx.bins.get(1) {
-            bins.push(("before".into(), b.display().to_string()));
+            let label = std::env::var("BENCH_BEFORE_LABEL").unwrap_or_else(|_| shown(b));
+            bins.push(("before".into(), label));
         }
         let path = std::env::var_os("BENCH_REPORT")
             .map(PathBuf::from)
