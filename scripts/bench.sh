@@ -15,20 +15,9 @@ command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 { command -v redis-benchmark && command -v redis-cli; } >/dev/null 2>&1 || missing+=(redis-tools)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing what the benchmark needs: ${missing[*]}"
-  sudo=""
-  if [ "$(id -u)" -ne 0 ]; then
-    if command -v sudo >/dev/null 2>&1; then
-      sudo="sudo"
-    else
-      echo "please install these Debian packages (as root): ${missing[*]}" >&2
-      exit 1
-    fi
-  fi
-  export DEBIAN_FRONTEND=noninteractive
-  $sudo apt-get update -qq
   # nginx-light is gone from newer Debian releases: nginx then.
-  $sudo apt-get install -y -qq "${missing[@]}" ||
-    $sudo apt-get install -y -qq "${missing[@]/nginx-light/nginx}"
+  bash scripts/apt-install.sh "${missing[@]}" ||
+    bash scripts/apt-install.sh "${missing[@]/nginx-light/nginx}"
 fi
 
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"

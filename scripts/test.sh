@@ -19,18 +19,7 @@ command -v python3 >/dev/null 2>&1 || missing+=(python3)
 python3 -c 'import ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing what the tests need: ${missing[*]}"
-  sudo=""
-  if [ "$(id -u)" -ne 0 ]; then
-    if command -v sudo >/dev/null 2>&1; then
-      sudo="sudo"
-    else
-      echo "please install these Debian packages (as root): ${missing[*]}" >&2
-      exit 1
-    fi
-  fi
-  export DEBIAN_FRONTEND=noninteractive
-  $sudo apt-get update -qq
-  $sudo apt-get install -y -qq "${missing[@]}"
+  bash scripts/apt-install.sh "${missing[@]}"
 fi
 
 exec cargo test "$@"
