@@ -14,8 +14,8 @@ const NICENESS: i32 = 10;
 
 /// A multi-thread runtime for the delivery workers and the batchers that wake them: one
 /// thread per two cores (at least one). On two cores one thread measured less CPU per
-/// delivery than two (37 against 51 µs at 1,000 subscribers: no work stealing between them)
-/// and leaves the other core to ingest.
+/// delivery than two (38 against 51 µs at 1,000 subscribers, one bench run each) and leaves
+/// the other core to ingest.
 pub struct DeliveryRuntime {
     runtime: Option<Runtime>,
 }

@@ -118,13 +118,7 @@ pub async fn post_collection(
     let essence = headers
         .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .map(|v| {
-            v.split(';')
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_ascii_lowercase()
-        });
+        .map(crate::net::media::essence);
     let json = match essence.as_deref() {
         Some("application/json") => true,
         Some("application/xml" | "text/xml") => false,
