@@ -56,6 +56,8 @@ pub struct Fanout {
     progress_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Where the delivery workers run (`None`: on the hub's runtime).
     runtime: Mutex<Option<DeliveryRuntime>>,
+    /// Subscriptions per topic and per callback host, for the caps.
+    counts: websub::SubscriptionCounts,
 }
 
 /// What a [`Fanout`] is built from.
@@ -88,6 +90,7 @@ impl Fanout {
             progress: Arc::new(Progress::default()),
             progress_task: Mutex::default(),
             runtime: Mutex::new(DeliveryRuntime::start()),
+            counts: Default::default(),
         })
     }
 
@@ -342,6 +345,7 @@ impl Fanout {
         };
         self.progress.forget(id).await;
         let existed = self.store.delete_subscription(id).await? || handle.is_some();
+        self.counts.forget().await;
         if let Some(channel) = channel {
             self.tell_others(&channel, id).await;
         }
@@ -363,6 +367,7 @@ impl Fanout {
         if let Err(e) = self.store.delete_subscription(id).await {
             tracing::warn!(subscription = id, error = %e, "cannot delete subscription");
         }
+        self.counts.forget().await;
     }
 
     /// The subscriptions with a running worker.

@@ -231,17 +231,77 @@ pub async fn process(fanout: Arc<Fanout>, external: Arc<External>, request: Requ
     }
 }
 
+/// How long the subscription counts read from the store serve the caps.
+const COUNTS_FOR: Duration = Duration::from_secs(1);
+
+/// How many subscriptions each topic and each callback host has, as the caps
+/// (`--max-subscriptions-per-topic` and `-per-host`) see them: read from the store at most
+/// once per [`COUNTS_FOR`] (not once per request, which would make a burst of N requests
+/// read N·N subscriptions), and counted up here for every new subscription let through
+/// meanwhile, so that a burst cannot pass a cap between two reads. A removal here reads them
+/// again ([`SubscriptionCounts::forget`]); one on another instance shows at the next read.
+#[derive(Default)]
+pub struct SubscriptionCounts {
+    counts: tokio::sync::Mutex<Option<Counts>>,
+}
+
+struct Counts {
+    read_at: std::time::Instant,
+    ids: std::collections::HashSet<String>,
+    topics: std::collections::HashMap<String, usize>,
+    hosts: std::collections::HashMap<String, usize>,
+}
+
+impl Counts {
+    fn of(subs: &[Subscription]) -> Counts {
+        let mut counts = Counts {
+            read_at: std::time::Instant::now(),
+            ids: Default::default(),
+            topics: Default::default(),
+            hosts: Default::default(),
+        };
+        for s in subs {
+            let host = url::Url::parse(&s.callback)
+                .ok()
+                .and_then(|u| u.host_str().map(str::to_string));
+            counts.count(&s.id, &s.topic, host.as_deref().unwrap_or(""));
+        }
+        counts
+    }
+
+    fn count(&mut self, id: &str, topic: &str, host: &str) {
+        self.ids.insert(id.to_string());
+        *self.topics.entry(topic.to_string()).or_default() += 1;
+        *self.hosts.entry(host.to_string()).or_default() += 1;
+    }
+}
+
+impl SubscriptionCounts {
+    /// Makes the next check read the counts again.
+    pub async fn forget(&self) {
+        *self.counts.lock().await = None;
+    }
+}
+
 /// Why a new subscription would be one too many (`--max-subscriptions-per-topic` and
 /// `-per-host`); a renewal of an existing one never is. When the store cannot say, the
 /// subscription goes on (the store failure shows when it is stored).
 async fn over_a_cap(fanout: &Fanout, request: &Request) -> Option<String> {
     let id = subscription_id(&request.topic, request.callback.as_str());
-    let subs = fanout.store.subscriptions().await.ok()?;
-    if subs.iter().any(|s| s.id == id) {
+    let mut guard = fanout.counts.counts.lock().await;
+    if guard
+        .as_ref()
+        .is_none_or(|c| c.read_at.elapsed() > COUNTS_FOR)
+    {
+        let subs = fanout.store.subscriptions().await.ok()?;
+        *guard = Some(Counts::of(&subs));
+    }
+    let counts = guard.as_mut()?;
+    if counts.ids.contains(&id) {
         return None;
     }
     let config = &fanout.config;
-    let on_topic = subs.iter().filter(|s| s.topic == request.topic).count();
+    let on_topic = counts.topics.get(&request.topic).copied().unwrap_or(0);
     if on_topic >= config.max_subscriptions_per_topic {
         return Some(format!(
             "this topic has the most subscriptions this hub takes ({})",
@@ -249,16 +309,14 @@ async fn over_a_cap(fanout: &Fanout, request: &Request) -> Option<String> {
         ));
     }
     let host = request.callback.host_str().unwrap_or("");
-    let on_host = subs
-        .iter()
-        .filter(|s| url::Url::parse(&s.callback).is_ok_and(|u| u.host_str() == Some(host)))
-        .count();
+    let on_host = counts.hosts.get(host).copied().unwrap_or(0);
     if on_host >= config.max_subscriptions_per_host {
         return Some(format!(
             "callbacks on {host} have the most subscriptions this hub takes ({})",
             config.max_subscriptions_per_host
         ));
     }
+    counts.count(&id, &request.topic, host);
     None
 }
 

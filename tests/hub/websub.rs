@@ -411,3 +411,57 @@ async fn subscriptions_are_capped_per_topic_and_per_callback_host() {
         3
     );
 }
+
+/// Requests that arrive together cannot pass a cap between them (the hub counts what it let
+/// through before the store has it), and a removal makes room again at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_subscriptions_cannot_pass_a_cap() {
+    let hub = TestHub::start(|c| c.max_subscriptions_per_topic = 5).await;
+    let receiver = Receiver::start(Behaviour::default()).await;
+    let callback = |n: u32| format!("{}?n={n}", receiver.url);
+    let burst: Vec<_> = (0..12)
+        .map(|n| {
+            let (url, cb) = (hub.url.clone(), callback(n));
+            tokio::spawn(async move { subscribe_at(&url, CHANNEL, &cb).await })
+        })
+        .collect();
+    for request in burst {
+        request.await.unwrap();
+    }
+    receiver.wait_verified(12).await;
+    let modes: Vec<String> = receiver
+        .verifications()
+        .iter()
+        .map(|v| v["hub.mode"].clone())
+        .collect();
+    assert_eq!(
+        modes.iter().filter(|m| *m == "subscribe").count(),
+        5,
+        "{modes:?}"
+    );
+    assert_eq!(
+        modes.iter().filter(|m| *m == "denied").count(),
+        7,
+        "{modes:?}"
+    );
+    wait_subscriptions(&hub.url, 5).await;
+
+    // One leaves: another may come in.
+    let gone = admin_json(&hub.url, "/api/subscriptions").await[0]["callback"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let topic = hub.topic();
+    let params = [
+        ("hub.mode", "unsubscribe"),
+        ("hub.topic", topic.as_str()),
+        ("hub.callback", gone.as_str()),
+    ];
+    let (status, text) = hub.hub_request(&params).await;
+    assert_eq!(status, 202, "{text}");
+    wait_subscriptions(&hub.url, 4).await;
+    subscribe_at(&hub.url, CHANNEL, &callback(99)).await;
+    receiver.wait_verified(14).await;
+    assert_eq!(receiver.verifications()[13]["hub.mode"], "subscribe");
+    wait_subscriptions(&hub.url, 5).await;
+}
