@@ -13,7 +13,7 @@ use time::OffsetDateTime;
 use super::{ApiError, AppState};
 use crate::external::{self, ContentRetry};
 use crate::hosted::Declared;
-use crate::model::{ChannelSpec, DeliveryState, PendingDelivery, Publisher, Retention};
+use crate::model::{ChannelSpec, DeliveryState, DumpSettings, PendingDelivery, Publisher, Retention};
 use crate::store::ClusterEvent;
 
 fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
@@ -167,6 +167,56 @@ struct ChannelBody {
     retain_for: Option<String>,
     #[serde(default)]
     archive_every: Option<u64>,
+    /// Change Dumps: absent or `null` for none; an object (`{}` for the hub's defaults).
+    #[serde(default)]
+    dumps: Option<DumpsBody>,
+}
+
+/// The Change Dump settings of a channel in `PUT /api/channels/{name}`; a missing field
+/// takes the hub's `--dump-*` default.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DumpsBody {
+    #[serde(default)]
+    every: Option<u64>,
+    /// A duration such as `1h`; `0s` cuts dumps by count only.
+    #[serde(default)]
+    interval: Option<String>,
+    #[serde(default)]
+    keep: Option<u64>,
+    #[serde(default)]
+    max_resource_bytes: Option<u64>,
+    #[serde(default)]
+    max_dump_bytes: Option<u64>,
+    #[serde(default)]
+    concurrency: Option<usize>,
+    #[serde(default)]
+    per_document: Option<u64>,
+}
+
+impl DumpsBody {
+    fn settings(self, defaults: DumpSettings) -> Result<DumpSettings, ApiError> {
+        let interval = match self.interval.as_deref() {
+            None => defaults.interval,
+            Some(s) => {
+                let d = humantime::parse_duration(s).map_err(|e| {
+                    ApiError::bad_request(format!("dumps.interval {s:?} is not a duration: {e}"))
+                })?;
+                (!d.is_zero()).then_some(d)
+            }
+        };
+        Ok(DumpSettings {
+            every: self.every.unwrap_or(defaults.every),
+            interval,
+            keep: self.keep.unwrap_or(defaults.keep),
+            max_resource_bytes: self
+                .max_resource_bytes
+                .unwrap_or(defaults.max_resource_bytes),
+            max_dump_bytes: self.max_dump_bytes.unwrap_or(defaults.max_dump_bytes),
+            concurrency: self.concurrency.unwrap_or(defaults.concurrency),
+            per_document: self.per_document.unwrap_or(defaults.per_document),
+        })
+    }
 }
 
 /// Largest `PUT /api/channels/{name}` body.
@@ -209,8 +259,17 @@ pub async fn put_channel(
             max_age,
             list_size: body.archive_every.unwrap_or(defaults.list_size),
         },
+        dumps: body
+            .dumps
+            .map(|d| d.settings(state.config.dump_defaults))
+            .transpose()?,
     };
     spec.check().map_err(ApiError::bad_request)?;
+    if spec.dumps.is_some() && state.config.dump_dir.is_none() {
+        return Err(ApiError::bad_request(
+            "Change Dumps need a dump folder: start the hub with --dump-dir",
+        ));
+    }
     let existed = state.store.stored_channel(&name).await?.is_some();
     state.store.put_channel(&spec).await?;
     changed(&state, &name).await?;
