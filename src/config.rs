@@ -798,8 +798,7 @@ impl ServeArgs {
         };
         if dump_dir.is_none() && channels.values().any(|c| c.dumps.is_some()) {
             return Err(invalid(
-                "Change Dumps with --redis need --dump-dir (a folder every instance shares)"
-                    .into(),
+                "Change Dumps with --redis need --dump-dir (a folder every instance shares)".into(),
             ));
         }
 

@@ -311,9 +311,9 @@ pub async fn listed_file(
             ((head.last - head.oldest + 1) as usize).min(MAX_READ),
         )
         .await?;
-    let listed = changes.iter().any(|c| {
-        entry_of(config, channel, c).is_some_and(|e| e.loc == loc)
-    });
+    let listed = changes
+        .iter()
+        .any(|c| entry_of(config, channel, c).is_some_and(|e| e.loc == loc));
     if !listed {
         return Ok(None);
     }
@@ -367,10 +367,7 @@ impl Dumper {
             .first()
             .and_then(|c| Some((entry_of(&self.config, &self.channel, c)?, c.datetime)));
         Ok(match listed {
-            Some((entry, made)) => (
-                cursor.max(entry.seq_range.map_or(0, |r| r.1)),
-                Some(made),
-            ),
+            Some((entry, made)) => (cursor.max(entry.seq_range.map_or(0, |r| r.1)), Some(made)),
             None => (cursor, None),
         })
     }
@@ -425,7 +422,9 @@ impl Dumper {
             let wait = due_at
                 .map(|at| Duration::try_from(at - now).unwrap_or_default())
                 .unwrap_or(Duration::from_secs(60));
-            return Ok(Some(wait.clamp(Duration::from_millis(50), Duration::from_secs(60))));
+            return Ok(Some(
+                wait.clamp(Duration::from_millis(50), Duration::from_secs(60)),
+            ));
         }
         let upto = head.min(after + settings.every);
         self.make(settings, after, upto).await?;
@@ -436,7 +435,9 @@ impl Dumper {
     /// applies retention.
     async fn make(&self, settings: &DumpSettings, after: u64, upto: u64) -> Result<(), DumpError> {
         let Some(dir) = self.config.dump_dir.clone() else {
-            return Err(DumpError::Io(std::io::Error::other("no dump folder configured")));
+            return Err(DumpError::Io(std::io::Error::other(
+                "no dump folder configured",
+            )));
         };
         let changes = self
             .store
@@ -444,7 +445,9 @@ impl Dumper {
             .await?;
         let (Some(first), Some(last)) = (changes.first(), changes.last()) else {
             // Trimmed away before it could be dumped.
-            self.store.put_bridge_cursor(&self.channel, BRIDGE, upto).await?;
+            self.store
+                .put_bridge_cursor(&self.channel, BRIDGE, upto)
+                .await?;
             return Ok(());
         };
         let (from, until) = (first.datetime, last.datetime);

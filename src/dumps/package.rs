@@ -207,10 +207,8 @@ pub async fn make(
     let latest: Vec<Change> = latest_per_loc(changes).into_iter().cloned().collect();
     let allow_private = config.allow_private_callbacks;
     let max = settings.max_resource_bytes;
-    let jobs: Vec<(reqwest::Client, Change)> = latest
-        .iter()
-        .map(|c| (client.clone(), c.clone()))
-        .collect();
+    let jobs: Vec<(reqwest::Client, Change)> =
+        latest.iter().map(|c| (client.clone(), c.clone())).collect();
     let mut fetched = futures_util::stream::iter(jobs)
         .map(move |(client, c)| fetch_owned(client, allow_private, c, max))
         .buffered(settings.concurrency.max(1));
@@ -272,16 +270,10 @@ pub async fn make(
     let manifest = resourcesync::write_change_dump_manifest(&header, &entries);
     let _ = tx.send(Piece::Manifest(manifest.clone())).await;
     drop(tx);
-    let (length, zip_hash) = writer
-        .await
-        .map_err(|e| DumpError::Zip(e.to_string()))??;
+    let (length, zip_hash) = writer.await.map_err(|e| DumpError::Zip(e.to_string()))??;
     let folder_owned = folder.to_path_buf();
     tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-        write_atomically(
-            &folder_owned,
-            &manifest_file(range.0, range.1),
-            &manifest,
-        )?;
+        write_atomically(&folder_owned, &manifest_file(range.0, range.1), &manifest)?;
         std::fs::rename(&tmp, folder_owned.join(&name))?;
         File::open(&folder_owned)?.sync_all()
     })
@@ -369,9 +361,8 @@ pub fn remove_unlisted(folder: &Path, keep: &HashSet<String>) -> std::io::Result
     for entry in entries {
         let entry = entry?;
         let name = entry.file_name().to_string_lossy().to_string();
-        let ours = name.ends_with(".zip")
-            || name.ends_with(".manifest.xml")
-            || name.ends_with(".tmp");
+        let ours =
+            name.ends_with(".zip") || name.ends_with(".manifest.xml") || name.ends_with(".tmp");
         if ours && !keep.contains(&name) && entry.file_type()?.is_file() {
             std::fs::remove_file(entry.path())?;
             removed += 1;
@@ -412,7 +403,11 @@ mod tests {
             ("http://e/.hidden", "/changes/7-_hidden"),
             ("http://e/caf%C3%A9 1.html?q=1", "/changes/7-caf__1.html"),
         ] {
-            assert_eq!(path_for(&change(7, loc, ChangeType::Created)), path, "{loc}");
+            assert_eq!(
+                path_for(&change(7, loc, ChangeType::Created)),
+                path,
+                "{loc}"
+            );
         }
     }
 

@@ -13,7 +13,9 @@ use time::OffsetDateTime;
 use super::{ApiError, AppState};
 use crate::external::{self, ContentRetry};
 use crate::hosted::Declared;
-use crate::model::{ChannelSpec, DeliveryState, DumpSettings, PendingDelivery, Publisher, Retention};
+use crate::model::{
+    ChannelSpec, DeliveryState, DumpSettings, PendingDelivery, Publisher, Retention,
+};
 use crate::store::ClusterEvent;
 
 fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {

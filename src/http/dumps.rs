@@ -37,9 +37,10 @@ fn readable(
             "this channel is private: give its read token",
         ));
     }
-    channel.spec.dumps.ok_or_else(|| {
-        ApiError::not_found(format!("channel {name:?} publishes no Change Dumps"))
-    })
+    channel
+        .spec
+        .dumps
+        .ok_or_else(|| ApiError::not_found(format!("channel {name:?} publishes no Change Dumps")))
 }
 
 /// `GET /channels/{name}/changedump.xml[?page=K]`
@@ -76,13 +77,17 @@ pub async fn change_dump(
         body,
     )
         .into_response();
-    let links = net::hub_links(&state.config.urls.hub(), &state.config.urls.change_dump(&name));
+    let links = net::hub_links(
+        &state.config.urls.hub(),
+        &state.config.urls.change_dump(&name),
+    );
     if let Ok(v) = HeaderValue::from_str(&links) {
         response.headers_mut().insert(http::header::LINK, v);
     }
-    response
-        .headers_mut()
-        .insert(http::header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response.headers_mut().insert(
+        http::header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache"),
+    );
     Ok(response)
 }
 
@@ -96,10 +101,9 @@ pub async fn dump_file(
 ) -> Result<Response, ApiError> {
     readable(&state, &name, &headers, q.token.as_deref())?;
     let not_found = || ApiError::not_found(format!("no Change Dump file {file:?}"));
-    let (path, media_type) =
-        dumps::listed_file(&state.config, state.store.as_ref(), &name, &file)
-            .await?
-            .ok_or_else(not_found)?;
+    let (path, media_type) = dumps::listed_file(&state.config, state.store.as_ref(), &name, &file)
+        .await?
+        .ok_or_else(not_found)?;
     let opened = tokio::fs::File::open(&path).await;
     let file = match opened {
         Ok(file) => file,
@@ -115,7 +119,10 @@ pub async fn dump_file(
     let length = file.metadata().await.map(|m| m.len()).ok();
     let mut response = Body::from_stream(tokio_util::io::ReaderStream::new(file)).into_response();
     let h = response.headers_mut();
-    h.insert(http::header::CONTENT_TYPE, HeaderValue::from_static(media_type));
+    h.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static(media_type),
+    );
     if let Some(length) = length {
         h.insert(http::header::CONTENT_LENGTH, HeaderValue::from(length));
     }

@@ -1086,9 +1086,15 @@ fn changedump_model() -> (ChangeListHeader, Vec<DumpEntry>) {
         from: Some(dt("2026-03-01T10:00:00Z")),
         until: None,
         links: vec![
-            DocLink::new("up", "https://hub.example.org/channels/news/capabilitylist.xml"),
+            DocLink::new(
+                "up",
+                "https://hub.example.org/channels/news/capabilitylist.xml",
+            ),
             DocLink::new("hub", "https://hub.example.org/hub"),
-            DocLink::new("self", "https://hub.example.org/channels/news/changedump.xml"),
+            DocLink::new(
+                "self",
+                "https://hub.example.org/channels/news/changedump.xml",
+            ),
         ],
         seq_range: None,
         epoch: None,
@@ -1294,7 +1300,10 @@ fn manifest_entries_need_a_path_and_a_lastmod() {
         (r#"change="created" path="/x""#, ""),
     ] {
         assert!(
-            matches!(parse(doc(md, lm).as_bytes()), Err(ParseError::Entry { index: 0, .. })),
+            matches!(
+                parse(doc(md, lm).as_bytes()),
+                Err(ParseError::Entry { index: 0, .. })
+            ),
             "{md} {lm}"
         );
     }

@@ -294,7 +294,11 @@ pub(super) fn dump_entry(raw: RawEntry, index: usize) -> Result<DumpEntry, Parse
     entry.seq_range = match (first, last) {
         (Some(first), Some(last)) if first <= last => Some((first, last)),
         (None, None) => None,
-        _ => return Err(bad("ch:first and ch:last must come together, first <= last".into())),
+        _ => {
+            return Err(bad(
+                "ch:first and ch:last must come together, first <= last".into(),
+            ))
+        }
     };
     entry.contents = raw
         .links

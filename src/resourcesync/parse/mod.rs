@@ -312,9 +312,7 @@ impl<'a> Parser<'a> {
                             body.index.push(index_entry(raw, index)?)
                         }
                         Kind::ChangeDump => body.dumps.push(dump_entry(raw, index)?),
-                        Kind::ChangeDumpManifest => {
-                            body.manifest.push(manifest_entry(raw, index)?)
-                        }
+                        Kind::ChangeDumpManifest => body.manifest.push(manifest_entry(raw, index)?),
                         Kind::CapabilityList => body.caps.push(capability_entry(raw, index)?),
                         Kind::SourceDescription | Kind::ResourceListIndex => {
                             body.lists.push(required_loc(raw.loc, index)?)
