@@ -191,10 +191,11 @@ impl Control {
     /// yet: the internal channel that lists its dumps (feed and batcher, or on a shared store
     /// its cluster role) and the task that makes them ([`crate::dumps::Dumper`]).
     pub async fn start_dumps(&self, channel: &str) -> Result<(), StoreError> {
-        if !self
+        if self
             .feeds
             .spec(channel)
-            .is_some_and(|spec| spec.dumps.is_some())
+            .and_then(|spec| spec.dumps)
+            .is_none()
         {
             return Ok(());
         }

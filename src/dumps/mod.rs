@@ -1,6 +1,6 @@
 //! Change Dumps: ZIP packages of the resources a channel's changes name, fetched by the hub.
 //!
-//! Opt-in per channel ([`DumpSettings`] in its [`ChannelSpec`]). One task per such channel,
+//! Opt-in per channel ([`DumpSettings`] in its [`ChannelSpec`](crate::model::ChannelSpec)). One task per such channel,
 //! on the instance that owns the channel ([`Ownership::owns`]), follows the channel's log:
 //! when `every` changes are pending, or `interval` passed since the last dump and some are,
 //! it cuts a dump of the seqs after the previous dump's last (at most `every` of them), so

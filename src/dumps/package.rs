@@ -397,7 +397,8 @@ mod tests {
         for (loc, path) in [
             ("http://e/a/b.txt", "/changes/7-b.txt"),
             ("http://e/a/..", "/changes/7-resource"),
-            ("http://e/%2e%2e", "/changes/7-__"),
+            ("http://e/%2e%2e", "/changes/7-resource"),
+            ("http://e/..%2F", "/changes/7-_._"),
             ("http://e/", "/changes/7-resource"),
             ("http://e/x%2F..%2Fy", "/changes/7-x_.._y"),
             ("http://e/.hidden", "/changes/7-_hidden"),
