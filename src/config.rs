@@ -1054,6 +1054,55 @@ mod tests {
     }
 
     #[test]
+    fn dump_settings_come_from_flags_the_file_and_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hub.toml");
+        std::fs::write(
+            &path,
+            "dump_keep = 3\n[channels.news]\ntoken = \"t1\"\ndump_every = 50\ndump_interval = \"0s\"\n[channels.quiet]\ntoken = \"t3\"\ndump = false\n",
+        )
+        .unwrap();
+        let config = ServeArgs {
+            config: Some(path.clone()),
+            channels: vec!["other=t2".into()],
+            dumps: vec!["other".into()],
+            dump_every: Some(200),
+            data_dir: Some(dir.path().into()),
+            ..ServeArgs::default()
+        }
+        .resolve()
+        .unwrap();
+        let news = config.channels["news"].dumps.unwrap();
+        assert_eq!((news.every, news.interval, news.keep), (50, None, 3));
+        let other = config.channels["other"].dumps.unwrap();
+        assert_eq!(other.every, 200);
+        assert_eq!(other.interval, Some(Duration::from_secs(3600)));
+        assert_eq!(config.channels["quiet"].dumps, None);
+        assert_eq!(config.dump_dir, Some(dir.path().join("dumps")));
+        // Refused: an unknown channel, a bad count, dumps on Redis without a folder.
+        for args in [
+            ServeArgs {
+                dumps: vec!["nope".into()],
+                ..ServeArgs::default()
+            },
+            ServeArgs {
+                channels: vec!["a=t".into()],
+                dumps: vec!["a".into()],
+                dump_every: Some(0),
+                ..ServeArgs::default()
+            },
+            ServeArgs {
+                channels: vec!["a=t".into()],
+                dumps: vec!["a".into()],
+                redis: Some("redis://127.0.0.1:1/".into()),
+                ..ServeArgs::default()
+            },
+        ] {
+            assert!(args.resolve().is_err());
+        }
+    }
+
+    #[test]
     fn flags_override_file_and_defaults_apply() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("hub.toml");

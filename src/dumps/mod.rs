@@ -227,8 +227,18 @@ pub async fn document(
     match page {
         None if pages.len() <= 1 => {
             let entries = pages.into_values().next().unwrap_or_default();
+            // `from` is mandatory: without a dump yet, when the channel began.
+            let from = match entries.first().and_then(|e| e.from) {
+                Some(from) => from,
+                None => {
+                    store
+                        .origin(channel, OffsetDateTime::now_utc())
+                        .await?
+                        .created
+                }
+            };
             let header = ChangeListHeader {
-                from: entries.first().and_then(|e| e.from),
+                from: Some(from),
                 links,
                 ..ChangeListHeader::default()
             };
@@ -395,7 +405,15 @@ impl Dumper {
             }
             tokio::select! {
                 _ = stop.cancelled() => return,
-                _ = head_rx.changed() => {}
+                changed = head_rx.changed() => {
+                    if changed.is_err() {
+                        // The store is going away: no more news from it, only the clock.
+                        tokio::select! {
+                            _ = stop.cancelled() => return,
+                            _ = tokio::time::sleep(wait) => {}
+                        }
+                    }
+                }
                 _ = tokio::time::sleep(wait) => {}
             }
         }

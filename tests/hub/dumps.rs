@@ -575,3 +575,97 @@ async fn a_dump_by_interval_of_a_private_channel() {
         .unwrap();
     assert_eq!(resp.status(), StatusCode::NOT_FOUND);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn channels_of_the_admin_api_can_have_dumps() {
+    let src = tempfile::tempdir().unwrap();
+    write(src.path(), "p.txt", b"photo");
+    let (_files, base, _stop_files) = FileServer::start(src.path()).await;
+    let hub = TestHub::start(|_| {}).await;
+    let put = |body: serde_json::Value| {
+        hub.client
+            .put(format!("{}/api/channels/photos", hub.url))
+            .bearer_auth(ADMIN)
+            .json(&body)
+            .send()
+    };
+    // Bad settings change nothing.
+    for bad in [
+        serde_json::json!({"every": 0}),
+        serde_json::json!({"interval": "soon"}),
+        serde_json::json!({"bogus": 1}),
+    ] {
+        let resp = put(serde_json::json!({"publishers": {"p": "pt"}, "dumps": bad}))
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST, "{bad}");
+    }
+    let resp = hub
+        .client
+        .get(format!("{}/channels/photos/changedump.xml", hub.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+    let resp = put(serde_json::json!({"publishers": {"p": "pt"},
+        "dumps": {"every": 2, "interval": "0s"}}))
+    .await
+    .unwrap();
+    assert_eq!(resp.status(), StatusCode::CREATED);
+    let caps = hub.text("/channels/photos/capabilitylist.xml").await;
+    assert!(caps.contains("capability=\"changedump\""), "{caps}");
+    // Empty so far, yet dated: when the channel began.
+    let empty = hub.text("/channels/photos/changedump.xml").await;
+    match parse_document(empty.as_bytes(), &Limits::default()).unwrap() {
+        Document::ChangeDump { header, entries } => {
+            assert!(entries.is_empty());
+            assert!(header.from.is_some());
+        }
+        other => panic!("{other:?}"),
+    }
+    let resp = hub
+        .client
+        .post(format!("{}/channels/photos/changes", hub.url))
+        .bearer_auth("pt")
+        .json(&serde_json::json!([
+            {"loc": format!("{base}p.txt"), "change": "created"},
+            {"loc": format!("{base}missing.txt"), "change": "created"},
+        ]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::ACCEPTED);
+    let url = format!("{}/channels/photos/changedump.xml", hub.url);
+    wait_until("a dump of the runtime channel", WAIT, || async {
+        let body = hub
+            .client
+            .get(&url)
+            .send()
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        matches!(parse_document(&body, &Limits::default()),
+            Ok(Document::ChangeDump { entries, .. }) if !entries.is_empty())
+    })
+    .await;
+    let body = hub
+        .client
+        .get(&url)
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let Document::ChangeDump { entries, .. } = parse_document(&body, &Limits::default()).unwrap()
+    else {
+        panic!("not a Change Dump");
+    };
+    // The resource the source does not have (404) is left out and counted.
+    assert_eq!(entries[0].skipped, Some(1));
+    let unzipped = download(&hub, &entries[0]).await;
+    assert_equals_source(&unzipped, &base, src.path());
+    assert_eq!(unzipped.manifest.len(), 1);
+}

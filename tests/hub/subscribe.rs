@@ -26,7 +26,7 @@ use std::time::Duration;
 #[derive(Clone)]
 pub(crate) struct FileServer {
     dir: PathBuf,
-    pub(crate) wrong: Arc<Mutex<HashMap<String, Vec<u8>>>>,
+    wrong: Arc<Mutex<HashMap<String, Vec<u8>>>>,
 }
 
 async fn serve_file(
