@@ -245,14 +245,30 @@ fn notified(receiver: &Receiver) -> Vec<(u64, u64)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dumps_by_count_equal_the_source_and_survive_restarts_and_retention() {
+    dumps_by_count(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dumps_by_count_on_redis() {
+    let redis = crate::redis_server::RedisServer::start(true);
+    dumps_by_count(Some(redis.url())).await;
+}
+
+/// The Must-show scenario, on the embedded store (`redis` `None`) or on Redis.
+async fn dumps_by_count(redis: Option<String>) {
     let src = tempfile::tempdir().unwrap();
     for (rel, bytes) in source_files() {
         write(src.path(), rel, &bytes);
     }
     let (_files, base, _stop_files) = FileServer::start(src.path()).await;
     let data = tempfile::tempdir().unwrap();
+    let dump_dir = data.path().join("dumps");
     let dumps_on = |c: &mut changehub::config::Config| {
         c.channels.get_mut(CHANNEL).unwrap().dumps = Some(settings(6, None, 2));
+        if let Some(url) = &redis {
+            c.store = changehub::config::StoreConfig::Redis { url: url.clone() };
+            c.dump_dir = Some(dump_dir.clone());
+        }
     };
     let mut hub = TestHub::start_in(data.path().to_path_buf(), dumps_on).await;
 
@@ -409,8 +425,11 @@ async fn dumps_by_count_equal_the_source_and_survive_restarts_and_retention() {
     // recording it would): no dump is repeated, none lost.
     hub.stop().await;
     {
-        let store = changehub::store::EmbeddedStore::open(data.path()).unwrap();
         use changehub::store::Store;
+        let store: Box<dyn Store> = match &redis {
+            None => Box::new(changehub::store::EmbeddedStore::open(data.path()).unwrap()),
+            Some(url) => Box::new(changehub::store::RedisStore::open(url).unwrap()),
+        };
         assert_eq!(
             store.bridge_cursor(CHANNEL, "changedump").await.unwrap(),
             Some(12)
@@ -439,7 +458,7 @@ async fn dumps_by_count_equal_the_source_and_survive_restarts_and_retention() {
     // Retention keeps two: the first dump is gone, its files too.
     let ranges: Vec<_> = dumps.iter().map(|d| d.seq_range.unwrap()).collect();
     assert_eq!(ranges, vec![(7, 12), (13, 18)]);
-    let folder = data.path().join("dumps").join(CHANNEL);
+    let folder = dump_dir.join(CHANNEL);
     wait_until("the first dump's files removed", WAIT, || async {
         !folder.join("1-6.zip").exists() && !folder.join("1-6.manifest.xml").exists()
     })
