@@ -207,7 +207,12 @@ pub struct ServeArgs {
     pub xmpp_node_prefix: Option<String>,
     /// Publish Change Dumps of this channel (repeatable): ZIP packages of the resources its
     /// changes name, fetched by the hub, listed in `/channels/NAME/changedump.xml`.
-    #[arg(long = "dump", env = "CHANGEHUB_DUMPS", value_delimiter = ',')]
+    #[arg(
+        long = "dump",
+        env = "CHANGEHUB_DUMPS",
+        value_delimiter = ',',
+        value_name = "CHANNEL"
+    )]
     pub dumps: Vec<String>,
     /// A Change Dump holds at most this many changes and is cut as soon as they are pending
     /// (default 1000, at most 50,000).

@@ -73,8 +73,8 @@ impl DumpSettings {
         if self.interval.is_some_and(|d| d.as_secs() == 0) {
             return Err("dump_interval must be at least one second".into());
         }
-        if self.keep == 0 {
-            return Err("dump_keep must be at least 1".into());
+        if !(1..=MAX_DUMPS_KEPT).contains(&self.keep) {
+            return Err(format!("dump_keep must be between 1 and {MAX_DUMPS_KEPT}"));
         }
         if self.max_resource_bytes == 0 || self.max_dump_bytes == 0 {
             return Err("dump size limits must be at least 1 byte".into());
@@ -248,6 +248,9 @@ mod seconds {
         Ok(Option::<u64>::deserialize(d)?.map(Duration::from_secs))
     }
 }
+
+/// The most Change Dumps a channel keeps.
+pub const MAX_DUMPS_KEPT: u64 = 100_000;
 
 /// Changes per closed Change List unless configured.
 pub const DEFAULT_LIST_SIZE: u64 = 10_000;

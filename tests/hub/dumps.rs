@@ -687,4 +687,15 @@ async fn channels_of_the_admin_api_can_have_dumps() {
     let unzipped = download(&hub, &entries[0]).await;
     assert_equals_source(&unzipped, &base, src.path());
     assert_eq!(unzipped.manifest.len(), 1);
+    // The admin API shows the settings and how far the dumps got.
+    let channels = admin_json(&hub.url, "/api/channels").await;
+    let photos = channels
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "photos")
+        .unwrap();
+    assert_eq!(photos["dumps"]["every"], 2);
+    assert_eq!(photos["dumps"]["listed"], 1);
+    assert_eq!(photos["dumps"]["dumped_upto"], 2);
 }
