@@ -499,6 +499,8 @@ impl Dumper {
             .put_bridge_cursor(&self.channel, BRIDGE, range.1)
             .await?;
         metrics::counter!("changehub_dumps_total", "channel" => self.channel.clone()).increment(1);
+        metrics::counter!("changehub_dump_skipped_total", "channel" => self.channel.clone())
+            .increment(made.skipped);
         tracing::info!(channel = %self.channel, first = range.0, last = range.1,
             resources = made.resources, skipped = made.skipped, bytes = made.length,
             seq = appended.last, "Change Dump published");

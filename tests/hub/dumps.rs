@@ -381,6 +381,8 @@ async fn dumps_by_count(redis: Option<String>) {
         .await;
     let post = &receiver.delivered()[0];
     assert_eq!(post.header("content-type"), Some("application/xml"));
+    assert_eq!(post.header("x-changehub-channel"), Some("_dump-news"));
+    assert_eq!(post.header("x-changehub-first"), Some("1"));
     assert!(changehub::model::signature::verify(
         post.header("x-hub-signature").unwrap(),
         b"dump-secret",
