@@ -219,6 +219,25 @@ impl Control {
         {
             return Ok(());
         }
+        // The first time, dumps begin with the changes that come after: the past is not
+        // fetched again (a channel with a long log would otherwise dump all of it at once).
+        let begin = async {
+            if self
+                .store
+                .bridge_cursor(channel, crate::dumps::BRIDGE)
+                .await?
+                .is_none()
+            {
+                let head = self.store.head(channel).await?;
+                self.store
+                    .put_bridge_cursor(channel, crate::dumps::BRIDGE, head.last)
+                    .await?;
+            }
+            Ok::<(), StoreError>(())
+        };
+        if let Err(e) = begin.await {
+            tracing::warn!(%channel, error = %e, "cannot record where the Change Dumps begin; they begin with the oldest retained change");
+        }
         tracing::info!(%channel, "Change Dumps started");
         let dumper = crate::dumps::Dumper {
             config: self.config.clone(),

@@ -628,11 +628,25 @@ async fn channels_of_the_admin_api_can_have_dumps() {
         .await
         .unwrap();
     assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+    // A change before dumps are turned on is not dumped.
+    let resp = put(serde_json::json!({"publishers": {"p": "pt"}}))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::CREATED);
+    let resp = hub
+        .client
+        .post(format!("{}/channels/photos/changes", hub.url))
+        .bearer_auth("pt")
+        .json(&serde_json::json!({"loc": format!("{base}p.txt"), "change": "created"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::ACCEPTED);
     let resp = put(serde_json::json!({"publishers": {"p": "pt"},
         "dumps": {"every": 2, "interval": "0s"}}))
     .await
     .unwrap();
-    assert_eq!(resp.status(), StatusCode::CREATED);
+    assert_eq!(resp.status(), StatusCode::OK);
     let caps = hub.text("/channels/photos/capabilitylist.xml").await;
     assert!(caps.contains("capability=\"changedump\""), "{caps}");
     // Empty so far, yet dated: when the channel began.
@@ -649,7 +663,7 @@ async fn channels_of_the_admin_api_can_have_dumps() {
         .post(format!("{}/channels/photos/changes", hub.url))
         .bearer_auth("pt")
         .json(&serde_json::json!([
-            {"loc": format!("{base}p.txt"), "change": "created"},
+            {"loc": format!("{base}p.txt"), "change": "updated"},
             {"loc": format!("{base}missing.txt"), "change": "created"},
         ]))
         .send()
@@ -685,6 +699,7 @@ async fn channels_of_the_admin_api_can_have_dumps() {
         panic!("not a Change Dump");
     };
     // The resource the source does not have (404) is left out and counted.
+    assert_eq!(entries[0].seq_range, Some((2, 3)));
     assert_eq!(entries[0].skipped, Some(1));
     let unzipped = download(&hub, &entries[0]).await;
     assert_equals_source(&unzipped, &base, src.path());
@@ -699,5 +714,5 @@ async fn channels_of_the_admin_api_can_have_dumps() {
         .unwrap();
     assert_eq!(photos["dumps"]["every"], 2);
     assert_eq!(photos["dumps"]["listed"], 1);
-    assert_eq!(photos["dumps"]["dumped_upto"], 2);
+    assert_eq!(photos["dumps"]["dumped_upto"], 3);
 }
