@@ -55,10 +55,9 @@ fn change(base: &str, rel: &str, kind: &str) -> serde_json::Value {
 }
 
 /// The dumps `changedump.xml` lists (following the index when it is one).
-async fn listed(hub: &TestHub) -> Vec<DumpEntry> {
-    let url = format!("{}/channels/{CHANNEL}/changedump.xml", hub.url);
-    let body = hub
-        .client
+async fn listed(client: &reqwest::Client, base: &str) -> Vec<DumpEntry> {
+    let url = format!("{base}/channels/{CHANNEL}/changedump.xml");
+    let body = client
         .get(&url)
         .send()
         .await
@@ -71,8 +70,7 @@ async fn listed(hub: &TestHub) -> Vec<DumpEntry> {
         Document::ChangeDumpIndex { entries, .. } => {
             let mut all = Vec::new();
             for page in entries {
-                let body = hub
-                    .client
+                let body = client
                     .get(&page.loc)
                     .send()
                     .await
@@ -94,12 +92,12 @@ async fn listed(hub: &TestHub) -> Vec<DumpEntry> {
     }
 }
 
-async fn wait_dumps(hub: &TestHub, n: usize) -> Vec<DumpEntry> {
+async fn wait_dumps(client: &reqwest::Client, base: &str, n: usize) -> Vec<DumpEntry> {
     wait_until(&format!("{n} Change Dumps listed"), WAIT, || async {
-        listed(hub).await.len() >= n
+        listed(client, base).await.len() >= n
     })
     .await;
-    listed(hub).await
+    listed(client, base).await
 }
 
 /// A downloaded and unzipped dump: its files by path (with the leading `/`), and its
@@ -110,8 +108,8 @@ struct Unzipped {
     manifest: Vec<ManifestEntry>,
 }
 
-async fn download(hub: &TestHub, entry: &DumpEntry) -> Unzipped {
-    let resp = hub.client.get(&entry.loc).send().await.unwrap();
+async fn download(client: &reqwest::Client, entry: &DumpEntry) -> Unzipped {
+    let resp = client.get(&entry.loc).send().await.unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
     assert_eq!(resp.headers()["content-type"], "application/zip");
     let zip_bytes = resp.bytes().await.unwrap().to_vec();
@@ -133,8 +131,7 @@ async fn download(hub: &TestHub, entry: &DumpEntry) -> Unzipped {
         .remove("/manifest.xml")
         .expect("manifest.xml at the root");
     // The copy at rs:ln rel="contents" is the same manifest.
-    let copy = hub
-        .client
+    let copy = client
         .get(entry.contents.as_deref().unwrap())
         .send()
         .await
@@ -314,17 +311,17 @@ async fn dumps_by_count(redis: Option<String>) {
     )
     .await;
     // Not yet: five changes are fewer than a dump holds.
-    assert!(listed(&hub).await.is_empty());
+    assert!(listed(&hub.client, &hub.url).await.is_empty());
     std::fs::remove_file(src.path().join("gone.txt")).unwrap();
     push(&hub, vec![change(&base, "gone.txt", "deleted")]).await;
 
-    let dumps = wait_dumps(&hub, 1).await;
+    let dumps = wait_dumps(&hub.client, &hub.url, 1).await;
     assert_eq!(dumps.len(), 1);
     let first = &dumps[0];
     assert_eq!(first.seq_range, Some((1, 6)));
     assert_eq!(first.skipped, None);
     assert_eq!(first.media_type.as_deref(), Some("application/zip"));
-    let unzipped = download(&hub, first).await;
+    let unzipped = download(&hub.client, first).await;
     assert_equals_source(&unzipped, &base, src.path());
     let kinds: Vec<(String, ChangeType)> = unzipped
         .manifest
@@ -409,11 +406,11 @@ async fn dumps_by_count(redis: Option<String>) {
         changes.push(change(&base, &rel, "created"));
     }
     push(&hub, changes).await;
-    let dumps = wait_dumps(&hub, 2).await;
+    let dumps = wait_dumps(&hub.client, &hub.url, 2).await;
     let second = &dumps[1];
     assert_eq!(second.seq_range, Some((7, 12)));
     assert_eq!(second.skipped, Some(1));
-    let unzipped = download(&hub, second).await;
+    let unzipped = download(&hub.client, second).await;
     assert_equals_source(&unzipped, &base, src.path());
     assert!(unzipped.manifest.iter().all(|e| !e.loc.ends_with("a.txt")));
     assert_eq!(unzipped.manifest.len(), 5);
@@ -450,13 +447,13 @@ async fn dumps_by_count(redis: Option<String>) {
     }
     push(&hub, changes).await;
     wait_until("the third dump listed", WAIT, || async {
-        listed(&hub)
+        listed(&hub.client, &hub.url)
             .await
             .iter()
             .any(|d| d.seq_range == Some((13, 18)))
     })
     .await;
-    let dumps = listed(&hub).await;
+    let dumps = listed(&hub.client, &hub.url).await;
     // Retention keeps two: the first dump is gone, its files too.
     let ranges: Vec<_> = dumps.iter().map(|d| d.seq_range.unwrap()).collect();
     assert_eq!(ranges, vec![(7, 12), (13, 18)]);
@@ -472,7 +469,7 @@ async fn dumps_by_count(redis: Option<String>) {
         StatusCode::NOT_FOUND
     );
     assert!(folder.join("13-18.zip").exists());
-    let third = download(&hub, &dumps[1]).await;
+    let third = download(&hub.client, &dumps[1]).await;
     assert_equals_source(&third, &base, src.path());
 
     // Two dumps per document: the second and third are on two pages, so changedump.xml is
@@ -701,7 +698,7 @@ async fn channels_of_the_admin_api_can_have_dumps() {
     // The resource the source does not have (404) is left out and counted.
     assert_eq!(entries[0].seq_range, Some((2, 3)));
     assert_eq!(entries[0].skipped, Some(1));
-    let unzipped = download(&hub, &entries[0]).await;
+    let unzipped = download(&hub.client, &entries[0]).await;
     assert_equals_source(&unzipped, &base, src.path());
     assert_eq!(unzipped.manifest.len(), 1);
     // The admin API shows the settings and how far the dumps got.
@@ -715,4 +712,74 @@ async fn channels_of_the_admin_api_can_have_dumps() {
     assert_eq!(photos["dumps"]["every"], 2);
     assert_eq!(photos["dumps"]["listed"], 1);
     assert_eq!(photos["dumps"]["dumped_upto"], 3);
+}
+
+/// Two `changehub serve --redis` processes with `--dump` flags and one dump folder: the owner
+/// of the channel makes the dumps, both list and serve them, and a subscriber that subscribed
+/// through either hears of each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_share_the_dumps_of_a_channel() {
+    let redis = crate::redis_server::RedisServer::start(true);
+    let redis_url = redis.url();
+    let src = tempfile::tempdir().unwrap();
+    for (rel, bytes) in source_files() {
+        write(src.path(), rel, &bytes);
+    }
+    let (_files, base, _stop_files) = FileServer::start(src.path()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let dir_arg = dir.path().to_str().unwrap().to_string();
+    let flags = [
+        "--redis",
+        redis_url.as_str(),
+        "--dump",
+        CHANNEL,
+        "--dump-every",
+        "3",
+        "--dump-interval",
+        "0s",
+        "--dump-dir",
+        dir_arg.as_str(),
+    ];
+    let a = HubProcess::start(&flags).await;
+    let b = HubProcess::start(&flags).await;
+    let client = reqwest::Client::new();
+    let receiver = Receiver::start(Behaviour::default()).await;
+    let topic = format!("{}/channels/{CHANNEL}/changedump.xml", b.url);
+    let (status, text) = hub_request_at(
+        &client,
+        &b.url,
+        &[
+            ("hub.mode", "subscribe"),
+            ("hub.topic", &topic),
+            ("hub.callback", &receiver.url),
+        ],
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{text}");
+    receiver.wait_verified(1).await;
+    wait_subscriptions(&a.url, 1).await;
+    let resp = client
+        .post(format!("{}/channels/{CHANNEL}/changes", a.url))
+        .bearer_auth(TOKEN)
+        .json(&serde_json::json!([
+            change(&base, "a.txt", "created"),
+            change(&base, "b.bin", "created"),
+            change(&base, "c/d.json", "created"),
+        ]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::ACCEPTED);
+    for hub in [&a.url, &b.url] {
+        let dumps = wait_dumps(&client, hub, 1).await;
+        assert_eq!(dumps[0].seq_range, Some((1, 3)));
+        let unzipped = download(&client, &dumps[0]).await;
+        assert_equals_source(&unzipped, &base, src.path());
+        assert_eq!(unzipped.files.len(), 3);
+    }
+    receiver
+        .wait_for("the dump announced", WAIT, |r| {
+            notified(r).contains(&(1, 3))
+        })
+        .await;
 }
