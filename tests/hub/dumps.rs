@@ -276,6 +276,16 @@ async fn dumps_by_count(redis: Option<String>) {
     let dump_url = format!("{}/channels/{CHANNEL}/changedump.xml", hub.url);
     assert!(caps.contains(&format!("<loc>{dump_url}</loc>")), "{caps}");
     assert!(caps.contains("capability=\"changedump\""));
+    let public: serde_json::Value = hub
+        .client
+        .get(format!("{}/channels", hub.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(public[0]["change_dump"], dump_url.as_str());
 
     // A WebSub subscriber of the Change Dump, with a secret.
     let receiver = Receiver::start(Behaviour::default()).await;
