@@ -77,6 +77,7 @@ pub async fn run(
         metrics: crate::telemetry::install(),
         control: hub.control.clone(),
         rendered: Arc::default(),
+        pages: Arc::default(),
         xmpp: hub.xmpp.clone(),
     };
     // Declared ones and those of the admin API, by name.

@@ -774,6 +774,12 @@ pub async fn feedsync_items_follow_every_change(e: &dyn Engine) {
             "2024-01-01T00:00:03.5Z",
         ),
         sent(
+            "c",
+            ChangeType::Created,
+            Some("alice"),
+            "2024-01-01T00:00:03.6Z",
+        ),
+        sent(
             "a",
             ChangeType::Updated,
             Some("bob"),
@@ -791,6 +797,18 @@ pub async fn feedsync_items_follow_every_change(e: &dyn Engine) {
             Some("bob"),
             "2024-01-01T00:00:06Z",
         ),
+        sent(
+            "c",
+            ChangeType::Deleted,
+            Some("alice"),
+            "2024-01-01T00:00:07Z",
+        ),
+        sent(
+            "c",
+            ChangeType::Created,
+            Some("alice"),
+            "2024-01-01T00:00:08Z",
+        ),
     ];
     let mut expected: std::collections::BTreeMap<String, SyncState> = Default::default();
     for new in &script {
@@ -804,11 +822,15 @@ pub async fn feedsync_items_follow_every_change(e: &dyn Engine) {
         );
         expected.insert(new.loc.clone(), sync);
     }
-    // Two appends: one item is updated twice in one append, and again in the next.
-    s.append("c", script[..3].to_vec(), None, now)
+    // Three appends: one item is updated twice in one append, and again in the next; another
+    // is updated by the same endpoint in later appends (deleted, then created again).
+    s.append("c", script[..4].to_vec(), None, now)
         .await
         .unwrap();
-    s.append("c", script[3..].to_vec(), None, now)
+    s.append("c", script[4..8].to_vec(), None, now)
+        .await
+        .unwrap();
+    s.append("c", script[8..].to_vec(), None, now)
         .await
         .unwrap();
     let a = &expected["http://example.com/a"];
@@ -823,6 +845,8 @@ pub async fn feedsync_items_follow_every_change(e: &dyn Engine) {
         [(4, Some("alice")), (3, Some("bob"))],
         "compacted: one update per endpoint"
     );
+    let c = &expected["http://example.com/c"];
+    assert_eq!((c.updates, c.deleted, c.history.len()), (3, false, 1));
     check_items(s.as_ref(), &expected).await;
     drop(s);
     check_items(e.open().as_ref(), &expected).await;
@@ -830,7 +854,7 @@ pub async fn feedsync_items_follow_every_change(e: &dyn Engine) {
 
 async fn check_items(s: &dyn Store, expected: &std::collections::BTreeMap<String, SyncState>) {
     let page = s.sync_items("c", 0, 10).await.unwrap();
-    assert_eq!(page.last, 6);
+    assert_eq!(page.last, 9);
     let got: Vec<(u64, &str)> = page
         .items
         .iter()
@@ -838,7 +862,11 @@ async fn check_items(s: &dyn Store, expected: &std::collections::BTreeMap<String
         .collect();
     assert_eq!(
         got,
-        [(5, "http://example.com/a"), (6, "http://example.com/b")]
+        [
+            (6, "http://example.com/a"),
+            (7, "http://example.com/b"),
+            (9, "http://example.com/c")
+        ]
     );
     for item in &page.items {
         assert_eq!(item.sync, expected[&item.change.loc], "{}", item.change.loc);
@@ -851,7 +879,7 @@ async fn check_items(s: &dyn Store, expected: &std::collections::BTreeMap<String
         .await
         .unwrap()
         .is_none());
-    assert_eq!(s.sync_items("c", 5, 10).await.unwrap().items.len(), 1);
+    assert_eq!(s.sync_items("c", 7, 10).await.unwrap().items.len(), 1);
 }
 
 /// A merge is appended only if nothing it read has moved; its items take their merged state,

@@ -44,6 +44,8 @@ pub struct Fanout {
     pub store: Arc<dyn Store>,
     pub feeds: Feeds,
     pub client: reqwest::Client,
+    /// What the delivery workers' own callback connections share.
+    pub callbacks: Arc<crate::net::callback::Settings>,
     pub external: Arc<External>,
     work: Work,
     live: Mutex<(u64, HashMap<String, Handle>)>,
@@ -69,7 +71,12 @@ pub struct FanoutParts {
 
 impl Fanout {
     pub fn new(parts: FanoutParts) -> Arc<Fanout> {
+        let callbacks = crate::net::callback::Settings::new(
+            parts.config.allow_private_callbacks,
+            parts.config.delivery_timeout,
+        );
         Arc::new(Fanout {
+            callbacks,
             config: parts.config,
             store: parts.store,
             feeds: parts.feeds,

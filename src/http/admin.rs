@@ -370,6 +370,7 @@ pub async fn delete_channel(
     }
     changed(&state, &name).await?;
     state.rendered.forget(&name);
+    state.pages.forget(&name);
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

@@ -83,6 +83,7 @@ impl Readable {
             channel: &self.feed.name,
             lists: self.lists,
             origin,
+            pages: &state.pages,
         }
     }
 }

@@ -72,6 +72,8 @@ pub struct AppState {
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     /// Topics and closed Change Lists as last rendered.
     pub rendered: Arc<rendered::RenderedDocs>,
+    /// The entries of `changes?after=` pages, rendered in blocks.
+    pub pages: Arc<crate::catchup::pages::PageCache>,
     /// The XMPP PubSub bridge, when configured (its status and its node's address).
     pub xmpp: Option<Arc<crate::xmpp::Bridge>>,
 }

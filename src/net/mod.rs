@@ -3,6 +3,7 @@
 //!
 //! - [`client`]: the outbound HTTP client (pooled, no redirects, no private addresses unless
 //!   allowed) and the address check of callback and topic URLs.
+//! - [`callback`]: a delivery worker's own connection to its callback, under the same rules.
 //! - [`link`]: `Link` headers (RFC 8288), parsed in every spelling publishers use, and the
 //!   hub's own `rel=hub` / `rel=self` value.
 //! - [`media`]: media types (`Content-Type`) reduced to their essence.
@@ -10,6 +11,7 @@
 //!
 //! Nothing here knows axum, the store or any other room of the hub.
 
+pub mod callback;
 pub mod client;
 pub mod link;
 pub mod media;

@@ -309,6 +309,26 @@ fn golden_changelist() {
     assert_same_bytes(&write_change_list(&header, &changes), "changelist.xml");
 }
 
+/// A Change List put together from entries rendered before, sliced anywhere, is the one
+/// rendered in one go.
+#[test]
+fn change_lists_from_rendered_entries_are_the_same_bytes() {
+    let (mut header, changes) = changelist_model();
+    let entries = super::write_change_entries(&changes);
+    assert_eq!(entries.ends.len(), changes.len());
+    for cut in 0..=changes.len() {
+        let parts = [entries.slice(0..cut), entries.slice(cut..changes.len())];
+        header.from = header.from.or(Some(changes[0].datetime));
+        assert_eq!(
+            super::write_change_list_of(&header, &parts),
+            write_change_list(&header, &changes),
+            "cut at {cut}"
+        );
+    }
+    let one = super::write_change_entries(&changes[1..2]);
+    assert_eq!(entries.slice(1..2), &one.bytes[..]);
+}
+
 #[test]
 fn golden_notification() {
     let (header, changes) = notification_model();

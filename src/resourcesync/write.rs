@@ -44,6 +44,64 @@ pub fn write_change_list(header: &ChangeListHeader, changes: &[Change]) -> Vec<u
     out.buf
 }
 
+/// The `<url>` entries of `changes`, rendered as [`write_change_list`] renders them, one
+/// after another, with where each ends: a document built from them later
+/// ([`write_change_list_of`]) is byte for byte the one `write_change_list` would render.
+#[derive(Debug, Default)]
+pub struct RenderedEntries {
+    pub bytes: Vec<u8>,
+    /// `ends[i]`: the offset in `bytes` just past entry `i`.
+    pub ends: Vec<usize>,
+}
+
+impl RenderedEntries {
+    /// Entries `range` (indices into the changes rendered), as one slice.
+    pub fn slice(&self, range: std::ops::Range<usize>) -> &[u8] {
+        if range.is_empty() {
+            return &[];
+        }
+        let start = if range.start == 0 {
+            0
+        } else {
+            self.ends[range.start - 1]
+        };
+        &self.bytes[start..self.ends[range.end - 1]]
+    }
+}
+
+/// Renders the `<url>` entries of `changes` (see [`RenderedEntries`]).
+pub fn write_change_entries(changes: &[Change]) -> RenderedEntries {
+    let estimate: usize = changes.iter().map(estimate_change).sum();
+    let mut out = Out {
+        buf: Vec::with_capacity(estimate),
+    };
+    let mut ends = Vec::with_capacity(changes.len());
+    for change in changes {
+        out.change(change);
+        ends.push(out.buf.len());
+    }
+    RenderedEntries {
+        bytes: out.buf,
+        ends,
+    }
+}
+
+/// Renders a Change List from entries rendered before ([`write_change_entries`]), given as
+/// slices in order; `header.from` should be set (the first entry's datetime), as the entries
+/// are not read again.
+pub fn write_change_list_of(header: &ChangeListHeader, entries: &[&[u8]]) -> Vec<u8> {
+    let size: usize = entries.iter().map(|e| e.len()).sum();
+    let mut out = Out::with_capacity(512 + header_size(header) + size);
+    out.open_root("urlset", true);
+    out.header_md("changelist", header.from, header);
+    out.doc_links(&header.links);
+    for entry in entries {
+        out.buf.extend_from_slice(entry);
+    }
+    out.raw("</urlset>\n");
+    out.buf
+}
+
 /// Renders a Change List Index (`<sitemapindex>`, `<rs:md capability="changelist" from=..
 /// [until=..]>`), each `<sitemap>` with `<loc>` and `<rs:md from=.. [until=..]>` (the `rs:md`
 /// is left out when an entry has neither).

@@ -221,3 +221,83 @@ async fn an_empty_change_list_has_its_from() {
     let (header, _) = changehub::resourcesync::parse_change_list(&body, &big_limits()).unwrap();
     assert_eq!(header.from, Some(from), "the same after a restart");
 }
+
+/// `changes?after=` pages are put together from entries rendered in blocks of 1,000 seqs:
+/// whatever blocks a page spans, and whether they were rendered for an earlier page or not,
+/// it holds exactly the seqs asked for, its `from`/`until` are those of its first and last
+/// entry, it links the next page while more remain, and each entry is the same bytes in
+/// every page that holds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_are_the_same_whichever_blocks_they_span() {
+    let hub = TestHub::start(|_| {}).await;
+    hub.push("a", 1000).await;
+    hub.push("b", 1000).await;
+    let (_, head) = hub.push("c", 500).await;
+    assert_eq!(head, 2500);
+    let page = |after: u64, limit: u64| {
+        let url = format!(
+            "{}/channels/{CHANNEL}/changes?after={after}&limit={limit}",
+            hub.url
+        );
+        let client = hub.client.clone();
+        async move {
+            let resp = client.get(&url).send().await.unwrap();
+            assert_eq!(resp.status(), 200, "{url}");
+            let next = resp
+                .headers()
+                .get_all("link")
+                .iter()
+                .any(|l| l.to_str().unwrap().contains("rel=\"next\""));
+            (resp.bytes().await.unwrap(), next)
+        }
+    };
+    // The whole log in one page, rendered from the store the first time.
+    let (all, next) = page(0, 2500).await;
+    assert!(!next);
+    let all_text = String::from_utf8(all.to_vec()).unwrap();
+    let entries_of = |text: &str| -> Vec<String> {
+        text.split("  <url>\n")
+            .skip(1)
+            .map(|e| e.trim_end_matches("</urlset>\n").to_string())
+            .collect()
+    };
+    let every = entries_of(&all_text);
+    assert_eq!(every.len(), 2500);
+    for (after, limit) in [
+        (0, 1000),
+        (999, 2),
+        (1000, 1000),
+        (1500, 1000),
+        (2400, 1000),
+        (1234, 1),
+        (2499, 5),
+        (2500, 10),
+        (10, 2490),
+    ] {
+        let (first, next) = page(after, limit).await;
+        let (again, _) = page(after, limit).await;
+        assert_eq!(
+            first, again,
+            "after={after} limit={limit}: same bytes again"
+        );
+        let last = (after + limit).min(head);
+        assert_eq!(next, last < head, "after={after} limit={limit}: next link");
+        let (header, parsed) =
+            changehub::resourcesync::parse_change_list(&first, &big_limits()).unwrap();
+        let seqs: Vec<u64> = parsed.iter().map(|e| e.seq.unwrap()).collect();
+        assert_eq!(seqs, (after + 1..=last).collect::<Vec<_>>());
+        if let (Some(f), Some(l)) = (parsed.first(), parsed.last()) {
+            assert_eq!(header.from, f.change.datetime);
+            assert_eq!(header.until, l.change.datetime);
+            assert_eq!(header.seq_range, Some((after + 1, last)));
+        } else {
+            assert_eq!(header.seq_range, None);
+        }
+        let text = String::from_utf8(first.to_vec()).unwrap();
+        assert_eq!(
+            entries_of(&text),
+            every[after as usize..last as usize],
+            "after={after} limit={limit}: the entries of the whole log"
+        );
+    }
+}

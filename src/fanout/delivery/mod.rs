@@ -32,6 +32,7 @@ use super::Fanout;
 use crate::batcher::{render_notification, ChannelFeed};
 use crate::external::{Content, ContentRetry};
 use crate::model::{DeliveryState, PendingDelivery, Subscription};
+use crate::net::callback::CallbackConn;
 use post::{deliver, post, Payload, Target};
 use settle::{settle, ContentAttempts, Policy, Settled, What};
 
@@ -53,6 +54,7 @@ pub async fn run_worker(
     let target = Target::of(&fanout, sub_rx.borrow().clone());
     let mut worker = Worker {
         target,
+        conn: CallbackConn::new(fanout.callbacks.clone()),
         published_rx: feed.published(),
         content_rx: fanout.external.by_channel(&channel).map(|t| t.content()),
         policy: Policy::of(&fanout.config),
@@ -79,6 +81,8 @@ struct Worker {
     sub_rx: watch::Receiver<Arc<Subscription>>,
     /// What every POST to the subscription as it is now shares.
     target: Target,
+    /// The connection to the callback (one request in flight: the worker's own).
+    conn: CallbackConn,
     /// The channel's newest published seq.
     published_rx: watch::Receiver<u64>,
     /// An external generic topic's latest content (`None` for every other channel).
@@ -98,6 +102,8 @@ impl Worker {
         let sub = self.sub_rx.borrow_and_update().clone();
         if !Arc::ptr_eq(&self.target.sub, &sub) {
             self.target = Target::of(&self.fanout, sub.clone());
+            // The callback may have moved: the next POST opens a new connection.
+            self.conn = CallbackConn::new(self.fanout.callbacks.clone());
         }
         let now = OffsetDateTime::now_utc();
         if sub.expires_at <= now {
@@ -195,7 +201,7 @@ impl Worker {
         let epoch = self.feed.known_origin().map(|o| o.epoch.clone());
         let outcome = tokio::select! {
             _ = self.cancel.cancelled() => return ControlFlow::Break(()),
-            o = deliver(&self.fanout.client, &self.target, body, (first, last), epoch.as_deref()) => o,
+            o = deliver(&mut self.conn, &self.target, body, (first, last), epoch.as_deref()) => o,
         };
         let now = OffsetDateTime::now_utc();
         let start = |at| PendingDelivery {
@@ -290,7 +296,7 @@ impl Worker {
         };
         let outcome = tokio::select! {
             _ = self.cancel.cancelled() => return ControlFlow::Break(()),
-            o = post(&self.fanout.client, &self.target, payload) => o,
+            o = post(&mut self.conn, &self.target, payload) => o,
         };
         let now = OffsetDateTime::now_utc();
         let (retry, start) = (&mut self.content_retry, ContentAttempts::starting);

@@ -2,14 +2,23 @@
 //! channel, the delivery id, the seq range, the signature) and what the answer means.
 
 use bytes::Bytes;
-use http::header::{HeaderValue, CONTENT_TYPE, LINK, RETRY_AFTER};
+use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, LINK};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::fanout::Fanout;
 use crate::model::signature;
 use crate::model::Subscription;
+use crate::net::callback::{Callback, CallbackConn};
 use crate::{net, retry};
+
+const CHANNEL: HeaderName = HeaderName::from_static("x-changehub-channel");
+const DELIVERY: HeaderName = HeaderName::from_static("x-changehub-delivery");
+const WEBHOOK_ID: HeaderName = HeaderName::from_static("webhook-id");
+const FIRST: HeaderName = HeaderName::from_static("x-changehub-first");
+const LAST: HeaderName = HeaderName::from_static("x-changehub-last");
+const EPOCH: HeaderName = HeaderName::from_static("x-changehub-epoch");
+const SIGNATURE: HeaderName = HeaderName::from_static("x-hub-signature");
 
 /// What one delivery attempt came to.
 #[derive(Debug)]
@@ -24,35 +33,35 @@ pub(super) enum Outcome {
 }
 
 /// What every POST to one version of a subscription shares, made once (not per delivery):
-/// the parsed and checked callback URL, and the header values that never change.
+/// the parsed and checked callback URL, and the headers that never change.
 pub(super) struct Target {
     pub(super) sub: Arc<Subscription>,
     /// The callback, or why nothing can be sent to it.
-    url: Result<reqwest::Url, String>,
-    /// `Link: <hub>; rel="hub", <topic>; rel="self"`.
-    link: HeaderValue,
-    /// `X-Changehub-Channel`.
-    channel: HeaderValue,
+    callback: Result<Callback, String>,
+    /// `Link: <hub>; rel="hub", <topic>; rel="self"` and `X-Changehub-Channel`.
+    headers: HeaderMap,
 }
 
 impl Target {
     pub(super) fn of(fanout: &Fanout, sub: Arc<Subscription>) -> Target {
-        let url = url::Url::parse(&sub.callback)
+        let callback = url::Url::parse(&sub.callback)
             .map_err(|e| format!("bad callback URL: {e}"))
             .and_then(|url| {
                 net::check_target(&url, fanout.config.allow_private_callbacks)
-                    .map(|()| url)
-                    .map_err(|e| e.to_string())
+                    .map_err(|e| e.to_string())?;
+                Callback::of(&url).ok_or_else(|| net::TargetError::NotHttp.to_string())
             });
         let link = format!(
             "<{}>; rel=\"hub\", <{}>; rel=\"self\"",
             fanout.config.urls.hub(),
             sub.topic
         );
+        let mut headers = HeaderMap::new();
+        headers.insert(LINK, header_value(link));
+        headers.insert(CHANNEL, header_value(sub.channel.clone()));
         Target {
-            url,
-            link: header_value(link),
-            channel: header_value(sub.channel.clone()),
+            callback,
+            headers,
             sub,
         }
     }
@@ -81,7 +90,7 @@ pub(super) struct Payload<'a> {
 
 /// POSTs one notification to the callback.
 pub(super) async fn deliver(
-    client: &reqwest::Client,
+    conn: &mut CallbackConn,
     target: &Target,
     body: Bytes,
     (first, last): (u64, u64),
@@ -101,19 +110,19 @@ pub(super) async fn deliver(
         seqs: Some((first, last)),
         epoch,
     };
-    post(client, target, payload).await
+    post(conn, target, payload).await
 }
 
 /// POSTs a payload to the callback: the topic's `Content-Type`, `Link` rel=hub and rel=self
 /// (then the topic's other links), and `X-Hub-Signature` over the exact body exactly when the
 /// subscription has a secret.
 pub(super) async fn post(
-    client: &reqwest::Client,
+    conn: &mut CallbackConn,
     target: &Target,
     payload: Payload<'_>,
 ) -> Outcome {
-    let url = match &target.url {
-        Ok(url) => url.clone(),
+    let callback = match &target.callback {
+        Ok(callback) => callback,
         Err(reason) => {
             return Outcome::Failed {
                 reason: reason.clone(),
@@ -122,44 +131,38 @@ pub(super) async fn post(
         }
     };
     let sub = &target.sub;
+    let mut headers = target.headers.clone();
     let delivery_id = header_value(payload.delivery_id);
-    let mut request = client
-        .post(url)
-        .header(LINK, target.link.clone())
-        .header("X-Changehub-Channel", target.channel.clone())
-        .header("X-Changehub-Delivery", delivery_id.clone())
-        .header("webhook-id", delivery_id);
+    headers.insert(DELIVERY, delivery_id.clone());
+    headers.insert(WEBHOOK_ID, delivery_id);
     for extra in payload.extra_links {
-        request = request.header(LINK, extra);
+        headers.append(LINK, header_value(extra.clone()));
     }
     if let Some(ct) = payload.content_type {
-        request = request.header(CONTENT_TYPE, ct);
+        headers.insert(CONTENT_TYPE, header_value(ct.to_string()));
     }
     if let Some((first, last)) = payload.seqs {
-        request = request
-            .header("X-Changehub-First", first)
-            .header("X-Changehub-Last", last);
+        headers.insert(FIRST, HeaderValue::from(first));
+        headers.insert(LAST, HeaderValue::from(last));
     }
     if let Some(epoch) = payload.epoch {
-        request = request.header("X-Changehub-Epoch", epoch);
+        headers.insert(EPOCH, header_value(epoch.to_string()));
     }
     if let Some(secret) = &sub.secret {
-        request = request.header(
-            "X-Hub-Signature",
-            signature::signature(sub.algorithm, secret.as_bytes(), &payload.body),
-        );
+        let value = signature::signature(sub.algorithm, secret.as_bytes(), &payload.body);
+        headers.insert(SIGNATURE, header_value(value));
     }
-    match request.body(payload.body).send().await {
-        Ok(resp) if resp.status().is_success() => Outcome::Delivered,
-        Ok(resp) if resp.status() == reqwest::StatusCode::GONE => Outcome::Gone,
-        Ok(resp) => {
-            let retry_after = resp
-                .headers()
-                .get(RETRY_AFTER)
+    match conn.post(callback, headers, payload.body).await {
+        Ok(answer) if answer.status.is_success() => Outcome::Delivered,
+        Ok(answer) if answer.status == http::StatusCode::GONE => Outcome::Gone,
+        Ok(answer) => {
+            let retry_after = answer
+                .retry_after
+                .as_ref()
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| retry::parse_retry_after(v, SystemTime::now()));
             Outcome::Failed {
-                reason: format!("callback answered {}", resp.status()),
+                reason: format!("callback answered {}", answer.status),
                 retry_after,
             }
         }

@@ -31,6 +31,9 @@ local function flush_index()
     entries, scores = {}, {}
   end
 end
+local locs = {}
+for i = 0, n - 1 do locs[i + 1] = ARGV[7 + n + i] end
+sx_prefetch(KEYS[7], locs)
 for i = 0, n - 1 do
   local e = ARGV[7 + i]
   local d = string.sub(e, 1, 23)

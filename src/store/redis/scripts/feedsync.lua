@@ -5,7 +5,10 @@
 -- The caller's KEYS[7] is `sx`, KEYS[8] `sx-conflicts`.
 -- sx_record must compute what feedsync::record_local computes, and is checked against it by
 -- the store contract (tests/store_contract.rs).
-local sx_items, sx_order, sx_merged = {}, {}, {}
+-- sx_items holds, per loc recorded by this script, its item: a table, or (the common case:
+-- one history entry, no conflicts) its JSON as written by sx_simple. sx_had tells whether the
+-- stored item carried conflicts (it is then in `sx-conflicts`).
+local sx_items, sx_order, sx_merged, sx_had, sx_stored = {}, {}, {}, {}, {}
 
 -- The item id of a loc: every byte that is not plain in an RFC 2141 NSS percent-encoded.
 local function sx_id(loc)
@@ -77,6 +80,32 @@ local function sx_update(item, by, when, deleted)
   return item
 end
 
+-- The JSON of a simple item: one history entry by endpoint `by`, no conflicts. Written by
+-- hand in one fixed shape (serde reads any order), so that the next update of the same
+-- endpoint can recognise it with one pattern instead of decoding and encoding it.
+local function sx_simple(id, updates, seq, when, by, deleted)
+  return string.format('{"id":"%s","updates":%d,"history":[{"sequence":%d,"when":%d,"by":"%s"}]%s}',
+    id, updates, seq, when, by, deleted and ',"deleted":true' or '')
+end
+local SX_SIMPLE = '^{"id":"([^"]*)","updates":(%d+),"history":%[{"sequence":(%d+),"when":%-?%d+,"by":"([^"\\]*)"}%](.*)$'
+
+-- Reads the stored items of `locs` with HMGET, in pieces, before the changes are recorded.
+local function sx_prefetch(key, locs)
+  local piece = {}
+  local function fetch()
+    local raws = redis.call('HMGET', key, unpack(piece))
+    for j, loc in ipairs(piece) do sx_stored[loc] = raws[j] or false end
+    piece = {}
+  end
+  for _, loc in ipairs(locs) do
+    if sx_stored[loc] == nil then
+      piece[#piece + 1] = loc
+      if #piece >= 500 then fetch() end
+    end
+  end
+  if #piece > 0 then fetch() end
+end
+
 -- Records change `e` (a log entry: a 23-digit datetime key, then the change's JSON, which
 -- starts with loc and change and ends with source) of `loc`, whose final datetime key is `d`:
 -- its item is created or updated, or takes the merged state given for it. Returns the entry,
@@ -84,8 +113,10 @@ end
 local function sx_record(key, loc, e, d)
   local item = sx_items[loc]
   if item == nil then
-    local raw = redis.call('HGET', key, loc)
-    item = raw and cjson.decode(raw) or false
+    local raw = sx_stored[loc]
+    if raw == nil then raw = redis.call('HGET', key, loc) end
+    item = raw or false
+    sx_had[loc] = raw and string.find(raw, '"conflicts":', 1, true) ~= nil
     sx_order[#sx_order + 1] = loc
   end
   if sx_merged[loc] then
@@ -96,32 +127,59 @@ local function sx_record(key, loc, e, d)
     -- Whole seconds since the epoch: the key is nanoseconds + 10^21.
     local when = tonumber(string.sub(d, 1, 14)) - 1000000000000
     local deleted = kind == 'deleted'
-    if item then
-      item = sx_update(item, by, when, deleted)
+    if not item then
+      if by ~= nil then
+        item = sx_simple(sx_id(loc), 1, 1, when, by, deleted)
+      else
+        item = {id = sx_id(loc), updates = 1, history = {{sequence = 1, when = when, by = by}}}
+        if deleted then item.deleted = true end
+      end
     else
-      item = {id = sx_id(loc), updates = 1, history = {{sequence = 1, when = when, by = by}}}
-      if deleted then item.deleted = true end
+      if type(item) == 'string' then
+        local id, updates, seq, old_by, tail = string.match(item, SX_SIMPLE)
+        if id and old_by == by and (tail == '}' or tail == ',"deleted":true}') then
+          -- The same endpoint again: its new entry replaces its old one (§3.2, then the
+          -- compaction that keeps one entry per endpoint).
+          local u = math.min(tonumber(updates) + 1, 2147483647)
+          local s = u
+          if s <= tonumber(seq) then s = math.min(tonumber(seq) + 1, 2147483647) end
+          item = sx_simple(id, u, s, when, by, deleted)
+        else
+          item = sx_update(cjson.decode(item), by, when, deleted)
+        end
+      else
+        item = sx_update(item, by, when, deleted)
+      end
     end
   end
   sx_items[loc] = item
-  local n = item.conflicts and #item.conflicts or 0
-  if n > 0 then e = string.sub(e, 1, -2) .. ',"conflicts":' .. n .. '}' end
+  if type(item) == 'table' then
+    local n = item.conflicts and #item.conflicts or 0
+    if n > 0 then e = string.sub(e, 1, -2) .. ',"conflicts":' .. n .. '}' end
+  end
   return e
 end
 
--- Writes every item recorded, and the conflicts set (score 0: in loc order).
+-- Writes every item recorded, and the conflicts set (score 0: in loc order), which changes
+-- only where an item gained or lost its conflicts.
 local function sx_flush(key, conflicts_key)
   local pending = {}
   for _, loc in ipairs(sx_order) do
     local item = sx_items[loc]
+    local has = false
     pending[#pending + 1] = loc
-    pending[#pending + 1] = cjson.encode(item)
-    if item.conflicts then
-      redis.call('ZADD', conflicts_key, 0, loc)
+    if type(item) == 'table' then
+      has = item.conflicts ~= nil
+      pending[#pending + 1] = cjson.encode(item)
     else
+      pending[#pending + 1] = item
+    end
+    if has and not sx_had[loc] then
+      redis.call('ZADD', conflicts_key, 0, loc)
+    elseif sx_had[loc] and not has then
       redis.call('ZREM', conflicts_key, loc)
     end
-    if #pending >= 200 then
+    if #pending >= 1000 then
       redis.call('HSET', key, unpack(pending))
       pending = {}
     end

@@ -7,7 +7,7 @@
 //!   ((k−1)·N, k·N], so a closed list never changes and its URL names its range.
 //! - [`changes_after`]: the exact page of changes after a seq, with a `next` link while more
 //!   remain; [`CatchupError::Gone`] with the oldest retained seq when the seq fell out of
-//!   retention.
+//!   retention. Its entries come from blocks rendered once ([`pages`]).
 //! - [`resource_list`]: the Resource List, from the resource index, with the seq it reflects
 //!   (a Resource List Index of pages when the channel has more than [`MAX_RESOURCES`]
 //!   resources); [`resource_list_page`] serves one page.
@@ -17,6 +17,10 @@
 //!
 //! Everything here only reads the store. Access rules (private channels) are checked by the
 //! caller.
+
+pub mod pages;
+
+use std::sync::Arc;
 
 use time::OffsetDateTime;
 
@@ -68,6 +72,8 @@ pub struct Log<'a> {
     pub channel: &'a str,
     pub lists: Lists,
     pub origin: &'a Origin,
+    /// Page entries rendered before (shared by every channel).
+    pub pages: &'a pages::PageCache,
 }
 
 impl Log<'_> {
@@ -346,16 +352,95 @@ pub async fn changes_after(
             oldest: head.oldest,
         });
     }
-    let changes = store.read(channel, after, limit).await?;
-    let last = changes.last().map(|c| c.seq).unwrap_or(after);
+    let end = after.saturating_add(limit as u64).min(head.last);
+    let mut blocks: Vec<Arc<pages::Block>> = Vec::new();
+    let mut seq = after + 1;
+    while seq <= end {
+        let block = match page_block(log, &head, seq, end).await? {
+            Some(block) if (block.first..=block.last()).contains(&seq) => block,
+            // Trimmed since the head was read.
+            _ => {
+                let oldest = store.head(channel).await?.oldest;
+                return Err(CatchupError::Gone { after, oldest });
+            }
+        };
+        seq = block.last() + 1;
+        blocks.push(block);
+    }
+    // The last seq of the page: the blocks may reach beyond it.
+    let last = (seq - 1).min(end).max(after);
     let next = (last < head.last).then(|| urls.changes_after(channel, last, limit));
-    let from = changes.first().map(|c| c.datetime);
-    let until = changes.last().map(|c| c.datetime);
-    let next_link = next.as_ref().map(|n| DocLink::new("next", n.clone()));
+    let mut parts = Vec::with_capacity(blocks.len());
+    for block in &blocks {
+        let from = (after + 1).max(block.first) - block.first;
+        let to = last.min(block.last()) + 1 - block.first;
+        parts.push(block.entries.slice(from as usize..to as usize));
+    }
+    let datetime = |seq: u64| {
+        blocks
+            .iter()
+            .find(|b| (b.first..=b.last()).contains(&seq))
+            .map(|b| b.datetimes[(seq - b.first) as usize])
+    };
+    let mut links = change_list_links(urls, channel);
+    links.extend(next.as_ref().map(|n| DocLink::new("next", n.clone())));
+    let header = ChangeListHeader {
+        epoch: Some(origin.epoch.clone()),
+        from: datetime(after + 1),
+        until: datetime(last),
+        links,
+        seq_range: (last > after).then_some((after + 1, last)),
+    };
     Ok(Page {
-        body: log.change_list(&changes, from, until, next_link),
+        body: resourcesync::write_change_list_of(&header, &parts),
         next,
     })
+}
+
+/// The block of rendered entries holding `seq`, from the cache, else read and rendered (and
+/// kept when complete); a block that is not complete is read only up to `end`. `None`, or a
+/// block that starts after `seq`, when the log was trimmed meanwhile.
+async fn page_block(
+    log: Log<'_>,
+    head: &ChannelHead,
+    seq: u64,
+    end: u64,
+) -> Result<Option<Arc<pages::Block>>, CatchupError> {
+    let Log {
+        store,
+        channel,
+        origin,
+        pages,
+        ..
+    } = log;
+    let number = (seq - 1) / pages::BLOCK;
+    if let Some(found) = pages.get(channel, &origin.epoch, number) {
+        return Ok(Some(found));
+    }
+    let first = number * pages::BLOCK + 1;
+    let last = first + pages::BLOCK - 1;
+    let complete = first >= head.oldest && last <= head.last;
+    let (from, upto) = if complete {
+        (first, last)
+    } else {
+        (seq, end.min(last))
+    };
+    let changes = store
+        .read(channel, from - 1, (upto - from + 1) as usize)
+        .await?;
+    if changes.is_empty() {
+        return Ok(None);
+    }
+    let block = pages::Block::render(&changes).ok_or_else(|| {
+        StoreError::Corrupt(format!(
+            "the log of {channel} has a gap between seqs {from} and {upto}"
+        ))
+    })?;
+    let block = Arc::new(block);
+    if complete {
+        pages.keep(channel, &origin.epoch, number, block.clone());
+    }
+    Ok(Some(block))
 }
 
 /// A Resource List (or one of its pages, or its index) and the seq it reflects: a destination
