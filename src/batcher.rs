@@ -47,7 +47,13 @@ pub fn render_notification(
         epoch: Some(epoch.to_string()),
         seq_range: Some((first, last)),
     };
-    let body = Bytes::from(resourcesync::write_change_list(&header, &changes));
+    // The internal channel of a channel's Change Dumps announces dumps with Change Dump
+    // documents.
+    let body = if crate::dumps::source_of(channel).is_some() {
+        Bytes::from(crate::dumps::render(config, channel, epoch, &changes))
+    } else {
+        Bytes::from(resourcesync::write_change_list(&header, &changes))
+    };
     Notification {
         channel: channel.to_string(),
         first,

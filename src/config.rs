@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::model::{Algorithm, Retention, MAX_LIST_SIZE};
+use crate::model::{Algorithm, DumpSettings, Retention, MAX_LIST_SIZE};
 use crate::net::Urls;
 
 #[derive(Debug, thiserror::Error)]
@@ -205,6 +205,41 @@ pub struct ServeArgs {
     /// Node names are this prefix followed by the channel name (default `changehub/`).
     #[arg(long, env = "CHANGEHUB_XMPP_NODE_PREFIX")]
     pub xmpp_node_prefix: Option<String>,
+    /// Publish Change Dumps of this channel (repeatable): ZIP packages of the resources its
+    /// changes name, fetched by the hub, listed in `/channels/NAME/changedump.xml`.
+    #[arg(
+        long = "dump",
+        env = "CHANGEHUB_DUMPS",
+        value_delimiter = ',',
+        value_name = "CHANNEL"
+    )]
+    pub dumps: Vec<String>,
+    /// A Change Dump holds at most this many changes and is cut as soon as they are pending
+    /// (default 1000, at most 50,000).
+    #[arg(long, env = "CHANGEHUB_DUMP_EVERY")]
+    pub dump_every: Option<u64>,
+    /// A Change Dump of whatever is pending is cut when this much time passed since the last
+    /// one (default 1h; `0s`: only by count).
+    #[arg(long, env = "CHANGEHUB_DUMP_INTERVAL", value_parser = parse_duration)]
+    pub dump_interval: Option<Duration>,
+    /// Change Dumps kept per channel; older ones and their files are removed (default 30).
+    #[arg(long, env = "CHANGEHUB_DUMP_KEEP")]
+    pub dump_keep: Option<u64>,
+    /// Largest resource put into a Change Dump, in bytes (default 67108864); a larger one is
+    /// left out.
+    #[arg(long, env = "CHANGEHUB_DUMP_MAX_RESOURCE")]
+    pub dump_max_resource: Option<u64>,
+    /// Largest Change Dump, in bytes of resources (default 1073741824); resources past it are
+    /// left out.
+    #[arg(long, env = "CHANGEHUB_DUMP_MAX_SIZE")]
+    pub dump_max_size: Option<u64>,
+    /// Resources fetched at once for one Change Dump (default 4).
+    #[arg(long, env = "CHANGEHUB_DUMP_CONCURRENCY")]
+    pub dump_concurrency: Option<usize>,
+    /// Folder of the Change Dump files (default: `dumps` in the data directory). Needed with
+    /// `--redis`; several instances must share it (a network file system).
+    #[arg(long, env = "CHANGEHUB_DUMP_DIR")]
+    pub dump_dir: Option<PathBuf>,
 }
 
 /// The TOML file: the same settings, plus per-channel tables.
@@ -268,6 +303,15 @@ struct FileConfig {
     xmpp_server: Option<String>,
     xmpp_plaintext: Option<bool>,
     xmpp_node_prefix: Option<String>,
+    dump_every: Option<u64>,
+    #[serde(default, with = "humantime_serde_opt")]
+    dump_interval: Option<Duration>,
+    dump_keep: Option<u64>,
+    dump_max_resource: Option<u64>,
+    dump_max_size: Option<u64>,
+    dump_concurrency: Option<usize>,
+    dumps_per_document: Option<u64>,
+    dump_dir: Option<PathBuf>,
     #[serde(default)]
     channels: BTreeMap<String, FileChannel>,
 }
@@ -285,6 +329,12 @@ struct FileChannel {
     #[serde(default, with = "humantime_serde_opt")]
     retain_for: Option<Duration>,
     archive_every: Option<u64>,
+    /// Publish Change Dumps of this channel.
+    dump: Option<bool>,
+    dump_every: Option<u64>,
+    #[serde(default, with = "humantime_serde_opt")]
+    dump_interval: Option<Duration>,
+    dump_keep: Option<u64>,
 }
 
 mod humantime_serde_opt {
@@ -385,6 +435,12 @@ pub struct Config {
     pub http: HttpLimits,
     /// The XMPP PubSub bridge, when `--xmpp-jid` is given.
     pub xmpp: Option<XmppConfig>,
+    /// The Change Dump settings of channels that turn dumps on without giving their own
+    /// (`--dump-*`; also the admin API's defaults).
+    pub dump_defaults: DumpSettings,
+    /// Where Change Dump files go (`--dump-dir`, else `dumps` in the data directory; none
+    /// with Redis unless given).
+    pub dump_dir: Option<PathBuf>,
 }
 
 /// The XMPP PubSub bridge's settings (see [`crate::xmpp`]).
@@ -607,8 +663,57 @@ impl ServeArgs {
         };
         list_size(retention.list_size, "--archive-every")?;
 
+        let dump_defaults = DumpSettings {
+            every: self
+                .dump_every
+                .or(file.dump_every)
+                .unwrap_or(DumpSettings::default().every),
+            interval: match self.dump_interval.or(file.dump_interval) {
+                Some(d) if d.is_zero() => None,
+                Some(d) => Some(d),
+                None => DumpSettings::default().interval,
+            },
+            keep: self
+                .dump_keep
+                .or(file.dump_keep)
+                .unwrap_or(DumpSettings::default().keep),
+            max_resource_bytes: self
+                .dump_max_resource
+                .or(file.dump_max_resource)
+                .unwrap_or(DumpSettings::default().max_resource_bytes),
+            max_dump_bytes: self
+                .dump_max_size
+                .or(file.dump_max_size)
+                .unwrap_or(DumpSettings::default().max_dump_bytes),
+            concurrency: self
+                .dump_concurrency
+                .or(file.dump_concurrency)
+                .unwrap_or(DumpSettings::default().concurrency),
+            per_document: file
+                .dumps_per_document
+                .unwrap_or(DumpSettings::default().per_document),
+        };
+        dump_defaults
+            .check()
+            .map_err(|e| invalid(format!("dump settings: {e}")))?;
+
         let mut channels = BTreeMap::new();
         for (name, ch) in file.channels {
+            let dumps = (ch.dump.unwrap_or(false)
+                || ch.dump_every.is_some()
+                || ch.dump_interval.is_some()
+                || ch.dump_keep.is_some())
+            .then(|| DumpSettings {
+                every: ch.dump_every.unwrap_or(dump_defaults.every),
+                interval: match ch.dump_interval {
+                    Some(d) if d.is_zero() => None,
+                    Some(d) => Some(d),
+                    None => dump_defaults.interval,
+                },
+                keep: ch.dump_keep.unwrap_or(dump_defaults.keep),
+                ..dump_defaults
+            })
+            .filter(|_| ch.dump != Some(false));
             let mut publishers = Vec::new();
             if let Some(token) = ch.token {
                 publishers.push(Publisher {
@@ -634,6 +739,7 @@ impl ServeArgs {
                         &format!("archive_every of channel {name:?}"),
                     )?,
                 },
+                dumps,
             };
             channels.insert(name, config);
         }
@@ -679,8 +785,26 @@ impl ServeArgs {
             })?;
             channel.read_token = Some(token.to_string());
         }
+        for name in self.dumps {
+            let channel = channels.get_mut(&name).ok_or_else(|| {
+                invalid(format!(
+                    "--dump {name:?}: no such channel (declare it with --channel)"
+                ))
+            })?;
+            channel.dumps.get_or_insert(dump_defaults);
+        }
         for ch in channels.values() {
             ch.check().map_err(invalid)?;
+        }
+        let dump_dir = match (self.dump_dir.or(file.dump_dir), &store) {
+            (Some(dir), _) => Some(dir),
+            (None, StoreConfig::Embedded { data_dir, .. }) => Some(data_dir.join("dumps")),
+            (None, StoreConfig::Redis { .. }) => None,
+        };
+        if dump_dir.is_none() && channels.values().any(|c| c.dumps.is_some()) {
+            return Err(invalid(
+                "Change Dumps with --redis need --dump-dir (a folder every instance shares)".into(),
+            ));
         }
 
         let signature_algorithm = match (self.signature_algorithm, file.signature_algorithm) {
@@ -701,6 +825,8 @@ impl ServeArgs {
         )?;
 
         let config = Config {
+            dump_defaults,
+            dump_dir,
             xmpp,
             listen,
             urls,
@@ -930,6 +1056,55 @@ mod tests {
             ..from_file
         };
         assert_eq!(cache(flag), 64 << 20);
+    }
+
+    #[test]
+    fn dump_settings_come_from_flags_the_file_and_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hub.toml");
+        std::fs::write(
+            &path,
+            "dump_keep = 3\n[channels.news]\ntoken = \"t1\"\ndump_every = 50\ndump_interval = \"0s\"\n[channels.quiet]\ntoken = \"t3\"\ndump = false\n",
+        )
+        .unwrap();
+        let config = ServeArgs {
+            config: Some(path.clone()),
+            channels: vec!["other=t2".into()],
+            dumps: vec!["other".into()],
+            dump_every: Some(200),
+            data_dir: Some(dir.path().into()),
+            ..ServeArgs::default()
+        }
+        .resolve()
+        .unwrap();
+        let news = config.channels["news"].dumps.unwrap();
+        assert_eq!((news.every, news.interval, news.keep), (50, None, 3));
+        let other = config.channels["other"].dumps.unwrap();
+        assert_eq!(other.every, 200);
+        assert_eq!(other.interval, Some(Duration::from_secs(3600)));
+        assert_eq!(config.channels["quiet"].dumps, None);
+        assert_eq!(config.dump_dir, Some(dir.path().join("dumps")));
+        // Refused: an unknown channel, a bad count, dumps on Redis without a folder.
+        for args in [
+            ServeArgs {
+                dumps: vec!["nope".into()],
+                ..ServeArgs::default()
+            },
+            ServeArgs {
+                channels: vec!["a=t".into()],
+                dumps: vec!["a".into()],
+                dump_every: Some(0),
+                ..ServeArgs::default()
+            },
+            ServeArgs {
+                channels: vec!["a=t".into()],
+                dumps: vec!["a".into()],
+                redis: Some("redis://127.0.0.1:1/".into()),
+                ..ServeArgs::default()
+            },
+        ] {
+            assert!(args.resolve().is_err());
+        }
     }
 
     #[test]

@@ -38,6 +38,10 @@ pub struct Channel {
 #[derive(Default)]
 pub struct Hosted {
     channels: RwLock<BTreeMap<String, Channel>>,
+    /// The feeds of internal channels that belong to hosted ones (the list of a channel's
+    /// Change Dumps, [`crate::dumps::channel_name`]): found by [`Hosted::feed`], but not
+    /// hosted channels themselves.
+    internal: RwLock<BTreeMap<String, Arc<ChannelFeed>>>,
 }
 
 impl Hosted {
@@ -57,8 +61,30 @@ impl Hosted {
         self.read().get(name).map(|c| c.spec.clone())
     }
 
+    /// The feed of a hosted channel, or of an internal channel of one.
     pub fn feed(&self, name: &str) -> Option<Arc<ChannelFeed>> {
-        self.read().get(name).map(|c| c.feed.clone())
+        match self.read().get(name) {
+            Some(c) => Some(c.feed.clone()),
+            None => self
+                .internal
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(name)
+                .cloned(),
+        }
+    }
+
+    /// Adds the feed of an internal channel; returns it and whether it is new.
+    pub fn put_internal(&self, name: &str) -> (bool, Arc<ChannelFeed>) {
+        let mut internal = self.internal.write().unwrap_or_else(|e| e.into_inner());
+        match internal.get(name) {
+            Some(feed) => (false, feed.clone()),
+            None => {
+                let feed = Arc::new(ChannelFeed::new(name));
+                internal.insert(name.to_string(), feed.clone());
+                (true, feed)
+            }
+        }
     }
 
     pub fn contains(&self, name: &str) -> bool {

@@ -22,6 +22,8 @@
 //! - [`resourcesync`]: ResourceSync documents, written and parsed.
 //! - [`feedsync`]: FeedSync collections, written and parsed (the sync algorithms are
 //!   [`model::feedsync`]).
+//! - [`dumps`]: Change Dumps: ZIP packages of the resources a channel's changes name,
+//!   fetched by the hub, listed and announced through an internal channel per channel.
 //! - [`xmpp`]: the XMPP PubSub bridge: each channel's notifications as items of a XEP-0060
 //!   node on an existing XMPP server.
 //!
@@ -40,6 +42,7 @@ pub mod catchup;
 pub mod client;
 pub mod cluster;
 pub mod config;
+pub mod dumps;
 pub mod external;
 pub mod fanout;
 pub mod feedsync;

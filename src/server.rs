@@ -159,7 +159,16 @@ pub struct Control {
     work: Work,
     /// Cancelled when the channel is removed (its batcher or cluster role stops).
     removed: std::sync::Mutex<std::collections::HashMap<String, CancellationToken>>,
+    ownership: Arc<Ownership>,
+    /// The outbound client of Change Dump fetches (the guard of every outbound request, a
+    /// timeout fit for large resources).
+    dump_client: reqwest::Client,
+    /// Channels whose Change Dump task runs.
+    dumpers: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
 }
+
+/// Timeout of one resource fetch for a Change Dump.
+const DUMP_FETCH_TIMEOUT: Duration = Duration::from_secs(300);
 
 impl Control {
     fn removal_token(&self, channel: &str) -> CancellationToken {
@@ -177,6 +186,79 @@ impl Control {
         let batcher = Batcher::new(feed, self.store.clone(), self.config.clone());
         self.fanout
             .spawn_on_delivery_side(&self.work.batchers, batcher.run(stop));
+    }
+
+    /// Starts the Change Dumps of `channel` when its settings ask for them and they do not run
+    /// yet: the internal channel that lists its dumps (feed and batcher, or on a shared store
+    /// its cluster role) and the task that makes them ([`crate::dumps::Dumper`]).
+    pub async fn start_dumps(&self, channel: &str) -> Result<(), StoreError> {
+        if self
+            .feeds
+            .spec(channel)
+            .and_then(|spec| spec.dumps)
+            .is_none()
+        {
+            return Ok(());
+        }
+        let internal = crate::dumps::channel_name(channel);
+        let (new, feed) = self.feeds.put_internal(&internal);
+        if new {
+            match &self.cluster {
+                Some(cluster) => {
+                    let head = self.store.head(&internal).await?;
+                    feed.start_at(head.last);
+                    cluster.add_channel(feed);
+                }
+                None => self.start_batcher(feed),
+            }
+        }
+        if !self
+            .dumpers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(channel.to_string())
+        {
+            return Ok(());
+        }
+        // The first time, dumps begin with the changes that come after: the past is not
+        // fetched again (a channel with a long log would otherwise dump all of it at once).
+        let begin = async {
+            if self
+                .store
+                .bridge_cursor(channel, crate::dumps::BRIDGE)
+                .await?
+                .is_none()
+            {
+                let head = self.store.head(channel).await?;
+                self.store
+                    .put_bridge_cursor(channel, crate::dumps::BRIDGE, head.last)
+                    .await?;
+            }
+            Ok::<(), StoreError>(())
+        };
+        if let Err(e) = begin.await {
+            tracing::warn!(%channel, error = %e, "cannot record where the Change Dumps begin; they begin with the oldest retained change");
+        }
+        tracing::info!(%channel, "Change Dumps started");
+        let dumper = crate::dumps::Dumper {
+            config: self.config.clone(),
+            store: self.store.clone(),
+            feeds: self.feeds.clone(),
+            ownership: self.ownership.clone(),
+            client: self.dump_client.clone(),
+            channel: channel.to_string(),
+        };
+        let dumpers = self.dumpers.clone();
+        let name = channel.to_string();
+        let stop = self.work.batcher_stop.clone();
+        self.work.tasks.spawn(async move {
+            dumper.run(stop).await;
+            dumpers
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&name);
+        });
+        Ok(())
     }
 
     /// Loads the stored settings of `channel` and applies them: a new channel starts, a
@@ -197,6 +279,7 @@ impl Control {
                     return Ok(());
                 }
                 let (new, feed) = self.feeds.put(spec, Declared::Api);
+                self.start_dumps(channel).await?;
                 if new {
                     tracing::info!(%channel, "channel created");
                     if let Err(e) = feed.origin(self.store.as_ref()).await {
@@ -317,6 +400,10 @@ impl Hub {
                 tracing::warn!(error = %e, "cannot load the channels of the admin API; will retry")
             }
         }
+        let dump_client = net::outbound_client(
+            config.allow_private_callbacks,
+            DUMP_FETCH_TIMEOUT.max(config.delivery_timeout),
+        );
         let ownership = if store.shared() {
             Ownership::leased()
         } else {
@@ -355,7 +442,7 @@ impl Hub {
                 store.clone(),
                 config.clone(),
                 fanout.clone(),
-                ownership,
+                ownership.clone(),
                 &work,
             );
             let starter = cluster.clone();
@@ -374,6 +461,9 @@ impl Hub {
             cluster: cluster.clone(),
             work: work.clone(),
             removed: std::sync::Mutex::default(),
+            ownership,
+            dump_client,
+            dumpers: Arc::default(),
         });
         if cluster.is_none() {
             for feed in feeds.feeds() {
@@ -385,6 +475,12 @@ impl Hub {
         for feed in feeds.feeds() {
             if let Err(e) = feed.origin(store.as_ref()).await {
                 tracing::warn!(channel = %feed.name, error = %e, "cannot record the channel's origin; will on first use");
+            }
+        }
+        // Change Dumps (before delivery resumes: their subscriptions need the feeds).
+        for channel in feeds.all() {
+            if let Err(e) = control.start_dumps(&channel.spec.name).await {
+                tracing::warn!(channel = %channel.spec.name, error = %e, "cannot start the Change Dumps; will with the next reload");
             }
         }
         // External topics with stored subscriptions are served again (on every store).

@@ -14,6 +14,8 @@
 //! | `changehub_store_append_seconds` | histogram | |
 //! | `changehub_store_errors_total` | counter | |
 //! | `changehub_notifications_total` | counter | `channel` |
+//! | `changehub_dumps_total` | counter: Change Dumps published | `channel` |
+//! | `changehub_dump_skipped_total` | counter: resources left out of Change Dumps | `channel` |
 //! | `changehub_deliveries_total` | counter | `outcome` (`delivered`, `failed`, `gone`, `given_up`) |
 //! | `changehub_delivery_latency_seconds` | histogram: from the changes' 202 to the callback's 2xx | |
 //! | `changehub_delivery_retry_queue` | gauge: subscriptions waiting to retry | |
@@ -86,6 +88,14 @@ fn describe() {
     describe_counter!(
         "changehub_notifications_total",
         "Notifications rendered, by channel."
+    );
+    describe_counter!(
+        "changehub_dumps_total",
+        "Change Dumps published, by channel."
+    );
+    describe_counter!(
+        "changehub_dump_skipped_total",
+        "Resources left out of Change Dumps (fetch failed, too large, hash or length wrong), by channel."
     );
     describe_counter!(
         "changehub_deliveries_total",

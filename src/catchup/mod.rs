@@ -600,13 +600,18 @@ pub const XMPP_REL: &str = "notification";
 
 /// The Capability List of `channel`; `xmpp_node` is the `xmpp:` URI of its PubSub node when
 /// the XMPP bridge publishes it.
-pub fn capability_list(urls: &Urls, channel: &str, xmpp_node: Option<&str>) -> Vec<u8> {
+pub fn capability_list(
+    urls: &Urls,
+    channel: &str,
+    xmpp_node: Option<&str>,
+    dumps: bool,
+) -> Vec<u8> {
     let mut links = vec![
         DocLink::new("up", urls.source_description()),
         DocLink::new("hub", urls.hub()),
     ];
     links.extend(xmpp_node.map(|uri| DocLink::new(XMPP_REL, uri)));
-    let caps = [
+    let mut caps = vec![
         Capability {
             loc: urls.topic(channel),
             capability: "changelist".into(),
@@ -620,6 +625,12 @@ pub fn capability_list(urls: &Urls, channel: &str, xmpp_node: Option<&str>) -> V
             capability: "resourcelist".into(),
         },
     ];
+    if dumps {
+        caps.push(Capability {
+            loc: urls.change_dump(channel),
+            capability: "changedump".into(),
+        });
+    }
     resourcesync::write_capability_list(&links, &caps)
 }
 

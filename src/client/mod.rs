@@ -9,7 +9,8 @@
 //! - [`subscribe`]: `changehub subscribe`, a destination: follows a topic over WebSub
 //!   callbacks or the websocket, fills gaps from the hub's log, keeps a crash-safe cursor,
 //!   prints changes as NDJSON or keeps a mirror of the resources (and audits it).
-//! - [`hash`]: the ResourceSync `hash` of a resource's bytes, computed and checked;
+//! - [`hash`]: the ResourceSync `hash` of a resource's bytes, computed and checked (it lives
+//!   in the model, [`crate::model::hash`], since the hub's Change Dumps use it too);
 //!   [`files`]: files written atomically and durably (the state files, the mirror).
 //! - [`healthcheck`]: `changehub healthcheck`, exit status from the hub's `/readyz`.
 //!
@@ -19,7 +20,7 @@
 
 pub mod conn;
 pub mod files;
-pub mod hash;
+pub use crate::model::hash;
 pub mod healthcheck;
 pub mod publish;
 pub mod scan;

@@ -143,7 +143,28 @@ pub async fn process(fanout: Arc<Fanout>, external: Arc<External>, request: Requ
         .urls
         .channel_of_topic(&request.topic)
         .map(str::to_string);
-    let (channel, is_external) = if let Some(name) = own {
+    let dump_of = config
+        .urls
+        .channel_of_dump_topic(&request.topic)
+        .map(str::to_string);
+    let (channel, is_external) = if let Some(name) = dump_of {
+        // A channel's Change Dump: subscribers hear of each new dump.
+        let Some(ch) = fanout.feeds.spec(&name).filter(|s| s.dumps.is_some()) else {
+            deny(
+                &fanout,
+                &request,
+                &format!("no channel {name:?} with Change Dumps on this hub"),
+            )
+            .await;
+            return;
+        };
+        if ch.read_token.is_some() && request.mode == Mode::Subscribe {
+            let reason = "this channel is private; read its Change Dump with its read token";
+            deny(&fanout, &request, reason).await;
+            return;
+        }
+        (crate::dumps::channel_name(&ch.name), false)
+    } else if let Some(name) = own {
         // A topic URL of this hub is never an external topic.
         let Some(ch) = fanout.feeds.spec(&name) else {
             deny(

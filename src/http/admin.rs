@@ -13,7 +13,9 @@ use time::OffsetDateTime;
 use super::{ApiError, AppState};
 use crate::external::{self, ContentRetry};
 use crate::hosted::Declared;
-use crate::model::{ChannelSpec, DeliveryState, PendingDelivery, Publisher, Retention};
+use crate::model::{
+    ChannelSpec, DeliveryState, DumpSettings, PendingDelivery, Publisher, Retention,
+};
 use crate::store::ClusterEvent;
 
 fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
@@ -62,6 +64,63 @@ struct ChannelView {
     /// Hosted public channels, with the XMPP bridge on: the node and how far behind it is.
     #[serde(skip_serializing_if = "Option::is_none")]
     xmpp: Option<crate::xmpp::ChannelStatus>,
+    /// Hosted channels with Change Dumps: their settings and how far they got.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dumps: Option<DumpsView>,
+}
+
+/// A channel's Change Dump settings, and (in `GET /api/channels`) its progress.
+#[derive(Serialize)]
+struct DumpsView {
+    every: u64,
+    /// Seconds; absent when dumps are made by count only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    interval: Option<u64>,
+    keep: u64,
+    max_resource_bytes: u64,
+    max_dump_bytes: u64,
+    concurrency: usize,
+    per_document: u64,
+    /// The last seq of the channel the dumps cover.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dumped_upto: Option<u64>,
+    /// Dumps listed in the Change Dump.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    listed: Option<u64>,
+}
+
+impl DumpsView {
+    fn of(d: &DumpSettings) -> DumpsView {
+        DumpsView {
+            every: d.every,
+            interval: d.interval.map(|i| i.as_secs()),
+            keep: d.keep,
+            max_resource_bytes: d.max_resource_bytes,
+            max_dump_bytes: d.max_dump_bytes,
+            concurrency: d.concurrency,
+            per_document: d.per_document,
+            dumped_upto: None,
+            listed: None,
+        }
+    }
+}
+
+/// The dump settings of `spec` with their progress.
+async fn dumps_view(state: &AppState, spec: &ChannelSpec) -> Result<Option<DumpsView>, ApiError> {
+    let Some(settings) = &spec.dumps else {
+        return Ok(None);
+    };
+    let mut view = DumpsView::of(settings);
+    let list = state
+        .store
+        .head(&crate::dumps::channel_name(&spec.name))
+        .await?;
+    view.listed = Some(list.last + 1 - list.oldest.min(list.last + 1));
+    view.dumped_upto = state
+        .store
+        .bridge_cursor(&spec.name, crate::dumps::BRIDGE)
+        .await?;
+    Ok(Some(view))
 }
 
 /// `GET /api/channels`
@@ -105,6 +164,7 @@ pub async fn channels(
             fetches: None,
             last_fetch: None,
             last_fetch_error: None,
+            dumps: dumps_view(&state, &channel.spec).await?,
         });
     }
     for topic in state.external.topics() {
@@ -127,6 +187,7 @@ pub async fn channels(
             last_fetch: status.last_fetch,
             last_fetch_error: status.last_error,
             xmpp: None,
+            dumps: None,
         });
     }
     Ok(Json(out).into_response())
@@ -167,6 +228,56 @@ struct ChannelBody {
     retain_for: Option<String>,
     #[serde(default)]
     archive_every: Option<u64>,
+    /// Change Dumps: absent or `null` for none; an object (`{}` for the hub's defaults).
+    #[serde(default)]
+    dumps: Option<DumpsBody>,
+}
+
+/// The Change Dump settings of a channel in `PUT /api/channels/{name}`; a missing field
+/// takes the hub's `--dump-*` default.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DumpsBody {
+    #[serde(default)]
+    every: Option<u64>,
+    /// A duration such as `1h`; `0s` cuts dumps by count only.
+    #[serde(default)]
+    interval: Option<String>,
+    #[serde(default)]
+    keep: Option<u64>,
+    #[serde(default)]
+    max_resource_bytes: Option<u64>,
+    #[serde(default)]
+    max_dump_bytes: Option<u64>,
+    #[serde(default)]
+    concurrency: Option<usize>,
+    #[serde(default)]
+    per_document: Option<u64>,
+}
+
+impl DumpsBody {
+    fn settings(self, defaults: DumpSettings) -> Result<DumpSettings, ApiError> {
+        let interval = match self.interval.as_deref() {
+            None => defaults.interval,
+            Some(s) => {
+                let d = humantime::parse_duration(s).map_err(|e| {
+                    ApiError::bad_request(format!("dumps.interval {s:?} is not a duration: {e}"))
+                })?;
+                (!d.is_zero()).then_some(d)
+            }
+        };
+        Ok(DumpSettings {
+            every: self.every.unwrap_or(defaults.every),
+            interval,
+            keep: self.keep.unwrap_or(defaults.keep),
+            max_resource_bytes: self
+                .max_resource_bytes
+                .unwrap_or(defaults.max_resource_bytes),
+            max_dump_bytes: self.max_dump_bytes.unwrap_or(defaults.max_dump_bytes),
+            concurrency: self.concurrency.unwrap_or(defaults.concurrency),
+            per_document: self.per_document.unwrap_or(defaults.per_document),
+        })
+    }
 }
 
 /// Largest `PUT /api/channels/{name}` body.
@@ -186,7 +297,7 @@ pub async fn put_channel(
     let body = super::read_body(body, CHANNEL_BODY_LIMIT, state.config.http.body_timeout).await?;
     let body: ChannelBody = serde_json::from_slice(&body).map_err(|e| {
         ApiError::bad_request(format!(
-            "expected {{\"publishers\": {{NAME: TOKEN, …}}, \"read_token\", \"retain_changes\", \"retain_for\", \"archive_every\"}}: {e}"
+            "expected {{\"publishers\": {{NAME: TOKEN, …}}, \"read_token\", \"retain_changes\", \"retain_for\", \"archive_every\", \"dumps\"}}: {e}"
         ))
     })?;
     let defaults = state.config.retention;
@@ -209,8 +320,17 @@ pub async fn put_channel(
             max_age,
             list_size: body.archive_every.unwrap_or(defaults.list_size),
         },
+        dumps: body
+            .dumps
+            .map(|d| d.settings(state.config.dump_defaults))
+            .transpose()?,
     };
     spec.check().map_err(ApiError::bad_request)?;
+    if spec.dumps.is_some() && state.config.dump_dir.is_none() {
+        return Err(ApiError::bad_request(
+            "Change Dumps need a dump folder: start the hub with --dump-dir",
+        ));
+    }
     let existed = state.store.stored_channel(&name).await?.is_some();
     state.store.put_channel(&spec).await?;
     changed(&state, &name).await?;
@@ -227,6 +347,7 @@ pub async fn put_channel(
             "publishers": spec.publishers.iter().map(|p| &p.name).collect::<Vec<_>>(),
             "private": spec.read_token.is_some(),
             "retention": RetentionView::of(&spec.retention),
+            "dumps": spec.dumps.as_ref().map(DumpsView::of),
         })),
     )
         .into_response())

@@ -354,10 +354,15 @@ pub async fn capability_list(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let channel = Readable::new(&state, &name, &headers, q.token.as_deref())?;
+    let dumps = state
+        .feeds
+        .spec(&name)
+        .is_some_and(|spec| spec.dumps.is_some());
     Ok(xml(catchup::capability_list(
         &state.config.urls,
         &name,
         channel.xmpp_node.as_deref(),
+        dumps,
     )))
 }
 

@@ -55,6 +55,9 @@ pub struct ChannelSummary {
     pub topic: String,
     pub archive: String,
     pub resource_list: String,
+    /// The channel's Change Dump, when it has dumps.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub change_dump: Option<String>,
     pub private: bool,
     /// The epoch of the channel's log.
     pub epoch: String,
@@ -101,6 +104,10 @@ pub async fn channels(
             topic: state.config.urls.topic(name),
             archive: state.config.urls.archive(name),
             resource_list: state.config.urls.resource_list(name),
+            change_dump: channel
+                .spec
+                .dumps
+                .map(|_| state.config.urls.change_dump(name)),
             private: false,
             epoch: origin.epoch.clone(),
             oldest: head.oldest,

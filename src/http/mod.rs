@@ -8,6 +8,7 @@
 //! | `ingest.rs` | `POST /channels/{name}/changes` | [`crate::ingest`] |
 //! | `websub.rs` | `POST /hub`, `POST /publish` | [`crate::fanout::websub`], [`crate::external::publish`] |
 //! | `catchup.rs` | `changelist.xml`, the archive and closed lists, `changes?after=`, `resourcelist.xml`, `capabilitylist.xml`, `/.well-known/resourcesync` | [`crate::catchup`] |
+//! | `dumps.rs` | `changedump.xml` (and its index pages), `changedump/{FIRST-LAST}.zip`, `.manifest.xml` | [`crate::dumps`] |
 //! | `ws.rs` | `GET /ws` (the websocket session: queue, slow consumers, pings) | [`crate::live`] |
 //! | `sse.rs` | `GET /channels/{name}/events` | [`crate::live`] |
 //! | `feedsync.rs` | `feedsync.xml`, `feedsync.json`, `POST /channels/{name}/feedsync` | [`crate::catchup`], [`crate::ingest::feedsync`] |
@@ -20,6 +21,7 @@
 mod admin;
 mod catchup;
 mod dashboard;
+mod dumps;
 mod error;
 mod feedsync;
 mod health;
@@ -112,8 +114,11 @@ pub fn router(state: AppState) -> Router {
             "/.well-known/resourcesync",
             get(catchup::source_description),
         )
+        .route("/channels/{name}/changedump.xml", get(dumps::change_dump))
         .layer(CompressionLayer::new());
     let routes = Router::new()
+        // ZIPs are compressed already, and served as they are.
+        .route("/channels/{name}/changedump/{file}", get(dumps::dump_file))
         .route("/hub", post(websub::hub))
         .route("/publish", post(websub::hub))
         .route("/", get(dashboard::index))

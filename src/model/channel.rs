@@ -16,6 +16,79 @@ pub struct ChannelSpec {
     #[serde(default)]
     pub read_token: Option<String>,
     pub retention: Retention,
+    /// When set, the hub publishes Change Dumps of this channel (see [`DumpSettings`]).
+    #[serde(default)]
+    pub dumps: Option<DumpSettings>,
+}
+
+/// How a channel's Change Dumps are made: ZIP packages of the latest state of every resource
+/// changed in a period, each with its Change Dump Manifest.
+///
+/// A dump is cut when `every` changes are pending, or when `interval` has passed since the
+/// last dump and at least one change is pending, whichever comes first; it holds at most
+/// `every` changes (the seqs after the previous dump's last). Stored with the channel, so
+/// every field has a default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DumpSettings {
+    /// Changes per dump: a dump is cut as soon as this many are pending (at least 1).
+    pub every: u64,
+    /// A dump of whatever is pending is cut when this much time passed since the last one.
+    #[serde(with = "seconds")]
+    pub interval: Option<Duration>,
+    /// How many dumps are kept (older ones are removed, files included; at least 1).
+    pub keep: u64,
+    /// Largest resource fetched into a dump, in bytes; a larger one is left out.
+    pub max_resource_bytes: u64,
+    /// Largest dump, in bytes of resources; resources past it are left out.
+    pub max_dump_bytes: u64,
+    /// Resources fetched at once.
+    pub concurrency: usize,
+    /// Dumps listed per Change Dump document; more make it a Change Dump Index of pages.
+    pub per_document: u64,
+}
+
+impl Default for DumpSettings {
+    fn default() -> DumpSettings {
+        DumpSettings {
+            every: 1000,
+            interval: Some(Duration::from_secs(3600)),
+            keep: 30,
+            max_resource_bytes: 64 << 20,
+            max_dump_bytes: 1 << 30,
+            concurrency: 4,
+            per_document: 1000,
+        }
+    }
+}
+
+impl DumpSettings {
+    /// What is wrong with these settings, if anything.
+    pub fn check(&self) -> Result<(), String> {
+        if !(1..=MAX_LIST_SIZE).contains(&self.every) {
+            return Err(format!(
+                "dump_every must be between 1 and {MAX_LIST_SIZE} (changes per dump)"
+            ));
+        }
+        if self.interval.is_some_and(|d| d.as_secs() == 0) {
+            return Err("dump_interval must be at least one second".into());
+        }
+        if !(1..=MAX_DUMPS_KEPT).contains(&self.keep) {
+            return Err(format!("dump_keep must be between 1 and {MAX_DUMPS_KEPT}"));
+        }
+        if self.max_resource_bytes == 0 || self.max_dump_bytes == 0 {
+            return Err("dump size limits must be at least 1 byte".into());
+        }
+        if !(1..=64).contains(&self.concurrency) {
+            return Err("dump_concurrency must be between 1 and 64".into());
+        }
+        if !(1..=MAX_LIST_SIZE).contains(&self.per_document) {
+            return Err(format!(
+                "dumps_per_document must be between 1 and {MAX_LIST_SIZE}"
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// A publisher of a channel: its name (`[a-z0-9][a-z0-9._-]{0,63}`) and its bearer token.
@@ -48,6 +121,7 @@ impl ChannelSpec {
             }],
             read_token: None,
             retention,
+            dumps: None,
         }
     }
 
@@ -107,6 +181,9 @@ impl ChannelSpec {
             return Err(format!(
                 "archive_every must be between 1 and {MAX_LIST_SIZE} (changes per closed Change List)"
             ));
+        }
+        if let Some(dumps) = &self.dumps {
+            dumps.check()?;
         }
         Ok(())
     }
@@ -171,6 +248,9 @@ mod seconds {
         Ok(Option::<u64>::deserialize(d)?.map(Duration::from_secs))
     }
 }
+
+/// The most Change Dumps a channel keeps.
+pub const MAX_DUMPS_KEPT: u64 = 100_000;
 
 /// Changes per closed Change List unless configured.
 pub const DEFAULT_LIST_SIZE: u64 = 10_000;

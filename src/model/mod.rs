@@ -8,10 +8,13 @@
 //! - [`signature`]: `X-Hub-Signature`: the algorithms, signing and checking.
 //! - [`channel`]: channel names and retention.
 //! - [`feedsync`]: FeedSync sync metadata of every resource: update, merge, conflicts.
+//! - [`hash`]: the ResourceSync `hash` of a resource's bytes, computed and checked (the
+//!   `subscribe` mirror and the hub's Change Dumps share it).
 
 pub mod change;
 pub mod channel;
 pub mod feedsync;
+pub mod hash;
 pub mod notification;
 pub mod signature;
 pub mod subscription;
@@ -21,7 +24,7 @@ pub use change::{
     MAX_ATTR_LEN, MAX_LINKS, MAX_URI_LEN,
 };
 pub use channel::{
-    valid_channel_name, ChannelSpec, Lists, Publisher, Retention, DEFAULT_LIST_SIZE,
+    valid_channel_name, ChannelSpec, DumpSettings, Lists, Publisher, Retention, DEFAULT_LIST_SIZE,
     DEFAULT_PUBLISHER, MAX_LIST_SIZE,
 };
 pub use notification::Notification;

@@ -107,6 +107,50 @@ impl Urls {
         url.into()
     }
 
+    /// The Change Dump of `channel` (a Change Dump Index when it lists many dumps); also the
+    /// topic whose notifications announce new dumps.
+    pub fn change_dump(&self, channel: &str) -> String {
+        self.at(&["channels", channel, "changedump.xml"]).into()
+    }
+
+    /// Page `page` (from 1) of the Change Dump Index of `channel`.
+    pub fn change_dump_page(&self, channel: &str, page: u64) -> String {
+        let mut url = self.at(&["channels", channel, "changedump.xml"]);
+        url.query_pairs_mut().append_pair("page", &page.to_string());
+        url.into()
+    }
+
+    /// The ZIP package of a channel's Change Dump of the seqs `first..=last`.
+    pub fn dump_package(&self, channel: &str, first: u64, last: u64) -> String {
+        self.at(&[
+            "channels",
+            channel,
+            "changedump",
+            &format!("{first}-{last}.zip"),
+        ])
+        .into()
+    }
+
+    /// The copy of that package's `manifest.xml`.
+    pub fn dump_manifest(&self, channel: &str, first: u64, last: u64) -> String {
+        self.at(&[
+            "channels",
+            channel,
+            "changedump",
+            &format!("{first}-{last}.manifest.xml"),
+        ])
+        .into()
+    }
+
+    /// The channel whose Change Dump is `topic`, if it is one of this hub's.
+    pub fn channel_of_dump_topic<'a>(&self, topic: &'a str) -> Option<&'a str> {
+        topic
+            .strip_prefix(self.public())?
+            .strip_prefix("/channels/")?
+            .strip_suffix("/changedump.xml")
+            .filter(|name| !name.contains('/'))
+    }
+
     /// The channel name in a topic URL of this hub, if `topic` is one.
     pub fn channel_of_topic<'a>(&self, topic: &'a str) -> Option<&'a str> {
         topic

@@ -11,6 +11,8 @@
 //! | Resource List (and its index) | `<urlset>` (`<sitemapindex>`) | `resourcelist` | [`write_resource_list`] ([`write_resource_list_index`]) | [`Document::ResourceList`] ([`Document::ResourceListIndex`]) |
 //! | Capability List | `<urlset>` | `capabilitylist` | [`write_capability_list`] | [`Document::CapabilityList`] |
 //! | Source Description | `<urlset>` | `description` | [`write_source_description`] | [`Document::SourceDescription`] |
+//! | Change Dump (and its index) | `<urlset>` (`<sitemapindex>`) | `changedump` | [`write_change_dump`] ([`write_change_dump_index`]) | [`Document::ChangeDump`] ([`Document::ChangeDumpIndex`]) |
+//! | Change Dump Manifest (`manifest.xml` in a dump) | `<urlset>` | `changedump-manifest` | [`write_change_dump_manifest`] | [`Document::ChangeDumpManifest`] |
 //!
 //! Layout of the module:
 //! - `mod.rs` (this file): namespaces, the document model ([`ChangeListHeader`], [`DocLink`],
@@ -47,7 +49,7 @@
 
 use time::OffsetDateTime;
 
-use crate::model::NewChange;
+use crate::model::{ChangeType, NewChange};
 
 mod parse;
 mod write;
@@ -57,7 +59,8 @@ mod tests;
 
 pub use parse::{parse_change_list, parse_document};
 pub use write::{
-    write_capability_list, write_change_entries, write_change_list, write_change_list_archive,
+    write_capability_list, write_change_dump, write_change_dump_index, write_change_dump_manifest,
+    write_change_entries, write_change_list, write_change_list_archive,
     write_change_list_archive_index, write_change_list_index, write_change_list_of,
     write_resource_list, write_resource_list_index, write_source_description, RenderedEntries,
 };
@@ -139,6 +142,48 @@ pub struct Capability {
     pub capability: String,
 }
 
+/// One `<url>` of a Change Dump: a ZIP package of the bitstreams of the resources changed
+/// in the period `from`..`until`, with a copy of its manifest at `contents`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DumpEntry {
+    /// The package's URL.
+    pub loc: String,
+    /// When the package was made.
+    pub lastmod: Option<OffsetDateTime>,
+    /// `type` (`application/zip`).
+    pub media_type: Option<String>,
+    pub length: Option<u64>,
+    pub hash: Option<String>,
+    /// The period the package covers: the datetimes of its first and last change.
+    pub from: Option<OffsetDateTime>,
+    pub until: Option<OffsetDateTime>,
+    /// `<rs:ln rel="contents">`: a copy of the package's `manifest.xml`.
+    pub contents: Option<String>,
+    /// `ch:first` / `ch:last`: the seqs of the channel's log the package covers.
+    pub seq_range: Option<(u64, u64)>,
+    /// `ch:skipped`: changes whose bitstream could not be included (fetch failed, too large,
+    /// hash or length not as announced).
+    pub skipped: Option<u64>,
+}
+
+/// One `<url>` of a Change Dump Manifest: a change and, unless it is a deletion, where its
+/// bitstream is in the package (`path`, from the package's root, with a leading `/`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ManifestEntry {
+    pub loc: String,
+    /// `<lastmod>`: the resource's own time when known, else the change's datetime.
+    pub lastmod: OffsetDateTime,
+    pub change: ChangeType,
+    /// `rs:md datetime`: when the change happened.
+    pub datetime: Option<OffsetDateTime>,
+    pub hash: Option<String>,
+    pub length: Option<u64>,
+    pub media_type: Option<String>,
+    pub path: Option<String>,
+    /// `ch:seq`: the seq of the change in the channel's log.
+    pub seq: Option<u64>,
+}
+
 /// How much untrusted input [`parse_document`] accepts.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -188,6 +233,21 @@ pub enum Document {
     ResourceListIndex {
         header: ResourceListHeader,
         pages: Vec<String>,
+    },
+    /// A Change Dump: the packages, in the order published.
+    ChangeDump {
+        header: ChangeListHeader,
+        entries: Vec<DumpEntry>,
+    },
+    /// A Change Dump Index: Change Dumps and the periods they cover.
+    ChangeDumpIndex {
+        header: ChangeListHeader,
+        entries: Vec<IndexEntry>,
+    },
+    /// A Change Dump Manifest (`manifest.xml` of a package).
+    ChangeDumpManifest {
+        header: ChangeListHeader,
+        entries: Vec<ManifestEntry>,
     },
 }
 

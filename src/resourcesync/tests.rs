@@ -421,6 +421,11 @@ fn write_document(doc: &Document) -> Vec<u8> {
             write_resource_list(header, &to_changes(entries))
         }
         Document::ResourceListIndex { header, pages } => write_resource_list_index(header, pages),
+        Document::ChangeDump { header, entries } => write_change_dump(header, entries),
+        Document::ChangeDumpIndex { header, entries } => write_change_dump_index(header, entries),
+        Document::ChangeDumpManifest { header, entries } => {
+            write_change_dump_manifest(header, entries)
+        }
     }
 }
 
@@ -1091,4 +1096,236 @@ fn mangled_input_never_panics() {
             let _ = parse(&xml);
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Change Dumps
+
+fn changedump_model() -> (ChangeListHeader, Vec<DumpEntry>) {
+    let header = ChangeListHeader {
+        from: Some(dt("2026-03-01T10:00:00Z")),
+        until: None,
+        links: vec![
+            DocLink::new(
+                "up",
+                "https://hub.example.org/channels/news/capabilitylist.xml",
+            ),
+            DocLink::new("hub", "https://hub.example.org/hub"),
+            DocLink::new(
+                "self",
+                "https://hub.example.org/channels/news/changedump.xml",
+            ),
+        ],
+        seq_range: None,
+        epoch: None,
+    };
+    let entries = vec![
+        DumpEntry {
+            loc: "https://hub.example.org/channels/news/changedump/1-3.zip".into(),
+            lastmod: Some(dt("2026-03-01T10:05:00Z")),
+            media_type: Some("application/zip".into()),
+            length: Some(4821),
+            hash: Some("md5:0cc175b9c0f1b6a831c399e269772661 sha-256:ca978112ca1bbdcafac231b39a23dc4da786eff8147c4e72b9807785afee48bb".into()),
+            from: Some(dt("2026-03-01T10:00:00Z")),
+            until: Some(dt("2026-03-01T10:04:30Z")),
+            contents: Some(
+                "https://hub.example.org/channels/news/changedump/1-3.manifest.xml".into(),
+            ),
+            seq_range: Some((1, 3)),
+            skipped: None,
+        },
+        DumpEntry {
+            loc: "https://hub.example.org/channels/news/changedump/4-6.zip".into(),
+            lastmod: Some(dt("2026-03-01T11:00:00Z")),
+            media_type: Some("application/zip".into()),
+            length: Some(1290),
+            hash: None,
+            from: Some(dt("2026-03-01T10:30:00Z")),
+            until: Some(dt("2026-03-01T10:59:59.5Z")),
+            contents: Some(
+                "https://hub.example.org/channels/news/changedump/4-6.manifest.xml".into(),
+            ),
+            seq_range: Some((4, 6)),
+            skipped: Some(1),
+        },
+    ];
+    (header, entries)
+}
+
+fn manifest_model() -> (ChangeListHeader, Vec<ManifestEntry>) {
+    let header = ChangeListHeader {
+        from: Some(dt("2026-03-01T10:00:00Z")),
+        until: Some(dt("2026-03-01T10:04:30Z")),
+        links: vec![DocLink::new(
+            "up",
+            "https://hub.example.org/channels/news/capabilitylist.xml",
+        )],
+        seq_range: Some((1, 3)),
+        epoch: None,
+    };
+    let entries = vec![
+        ManifestEntry {
+            loc: "https://example.org/res1.html".into(),
+            lastmod: dt("2026-03-01T09:59:00Z"),
+            change: ChangeType::Created,
+            datetime: Some(dt("2026-03-01T10:00:00Z")),
+            hash: Some("md5:1c1b0e264fa9b7e1e9aa6f9db8d6362b".into()),
+            length: Some(4339),
+            media_type: Some("text/html".into()),
+            path: Some("/changes/1-res1.html".into()),
+            seq: Some(1),
+        },
+        ManifestEntry {
+            loc: "https://example.org/gone.pdf".into(),
+            lastmod: dt("2026-03-01T10:02:00Z"),
+            change: ChangeType::Deleted,
+            datetime: Some(dt("2026-03-01T10:02:00Z")),
+            hash: None,
+            length: None,
+            media_type: None,
+            path: None,
+            seq: Some(2),
+        },
+        ManifestEntry {
+            loc: "https://example.org/img/a b.png?v=2&x=<1>".into(),
+            lastmod: dt("2026-03-01T10:04:30Z"),
+            change: ChangeType::Updated,
+            datetime: Some(dt("2026-03-01T10:04:30Z")),
+            hash: Some("md5:f906610c3d4aa745cb2b986f25b37c5a".into()),
+            length: Some(38297),
+            media_type: Some("image/png".into()),
+            path: Some("/changes/3-a_b.png".into()),
+            seq: Some(3),
+        },
+    ];
+    (header, entries)
+}
+
+fn changedump_index_model() -> (ChangeListHeader, Vec<IndexEntry>) {
+    let header = ChangeListHeader {
+        from: Some(dt("2026-03-01T10:00:00Z")),
+        until: None,
+        links: vec![DocLink::new(
+            "up",
+            "https://hub.example.org/channels/news/capabilitylist.xml",
+        )],
+        seq_range: None,
+        epoch: None,
+    };
+    let entries = vec![
+        IndexEntry {
+            loc: "https://hub.example.org/channels/news/changedump.xml?page=1".into(),
+            from: Some(dt("2026-03-01T10:00:00Z")),
+            until: Some(dt("2026-03-02T10:00:00Z")),
+        },
+        IndexEntry {
+            loc: "https://hub.example.org/channels/news/changedump.xml?page=2".into(),
+            from: Some(dt("2026-03-02T10:00:01Z")),
+            until: None,
+        },
+    ];
+    (header, entries)
+}
+
+#[test]
+fn golden_changedump() {
+    let (header, entries) = changedump_model();
+    assert_same_bytes(&write_change_dump(&header, &entries), "changedump.xml");
+    assert_eq!(
+        parse(&example("changedump.xml")).unwrap(),
+        Document::ChangeDump { header, entries }
+    );
+}
+
+#[test]
+fn golden_changedump_manifest() {
+    let (header, entries) = manifest_model();
+    assert_same_bytes(
+        &write_change_dump_manifest(&header, &entries),
+        "changedump-manifest.xml",
+    );
+    assert_eq!(
+        parse(&example("changedump-manifest.xml")).unwrap(),
+        Document::ChangeDumpManifest { header, entries }
+    );
+}
+
+#[test]
+fn golden_changedump_index() {
+    let (header, entries) = changedump_index_model();
+    assert_same_bytes(
+        &write_change_dump_index(&header, &entries),
+        "changedump-index.xml",
+    );
+    assert_eq!(
+        parse(&example("changedump-index.xml")).unwrap(),
+        Document::ChangeDumpIndex { header, entries }
+    );
+}
+
+#[test]
+fn the_spec_examples_of_change_dumps_parse() {
+    // Example 22 and 23 of ResourceSync 1.0 (the links before rs:md, as the spec has them).
+    let dump = br#"<?xml version="1.0" encoding="UTF-8"?>
+<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9" xmlns:rs="http://www.openarchives.org/rs/terms/">
+<rs:ln rel="up" href="http://example.com/dataset1/capabilitylist.xml"/>
+<rs:md capability="changedump" from="2013-01-01T00:00:00Z"/>
+<url><loc>http://example.com/20130101-changedump.zip</loc><lastmod>2013-01-01T23:59:59Z</lastmod>
+<rs:md type="application/zip" length="3109" from="2013-01-01T00:00:00Z" until="2013-01-02T00:00:00Z"/>
+<rs:ln rel="contents" href="http://example.com/20130101-changedump-manifest.xml" type="application/xml"/></url>
+</urlset>"#;
+    let Document::ChangeDump { header, entries } = parse(dump).unwrap() else {
+        panic!("not a Change Dump");
+    };
+    assert_eq!(header.links[0].rel, "up");
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0].length, Some(3109));
+    assert_eq!(entries[0].until, Some(dt("2013-01-02T00:00:00Z")));
+    assert_eq!(
+        entries[0].contents.as_deref(),
+        Some("http://example.com/20130101-changedump-manifest.xml")
+    );
+    let manifest = br#"<?xml version="1.0" encoding="UTF-8"?>
+<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9" xmlns:rs="http://www.openarchives.org/rs/terms/">
+<rs:ln rel="up" href="http://example.com/dataset1/capabilitylist.xml"/>
+<rs:md capability="changedump-manifest" from="2013-01-02T00:00:00Z" until="2013-01-03T00:00:00Z"/>
+<url><loc>http://example.com/res7.html</loc><lastmod>2013-01-02T12:00:00Z</lastmod>
+<rs:md change="created" hash="md5:1c1b0e264fa9b7e1e9aa6f9db8d6362b" length="4339" type="text/html" path="/changes/res7.html"/></url>
+<url><loc>http://example.com/res5.tiff</loc><lastmod>2013-01-02T19:00:00Z</lastmod><rs:md change="deleted"/></url>
+</urlset>"#;
+    let Document::ChangeDumpManifest { entries, .. } = parse(manifest).unwrap() else {
+        panic!("not a manifest");
+    };
+    assert_eq!(entries[0].path.as_deref(), Some("/changes/res7.html"));
+    assert_eq!(entries[1].change, ChangeType::Deleted);
+    assert_eq!(entries[1].path, None);
+    // A Change Dump is not a Change List.
+    assert!(matches!(
+        parse_change_list(dump, &Limits::default()),
+        Err(ParseError::UnexpectedCapability { .. })
+    ));
+}
+
+#[test]
+fn manifest_entries_need_a_path_and_a_lastmod() {
+    let doc = |md: &str, lastmod: &str| {
+        format!(
+            r#"<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9" xmlns:rs="http://www.openarchives.org/rs/terms/"><rs:md capability="changedump-manifest" from="2013-01-02T00:00:00Z"/><url><loc>http://e/x</loc>{lastmod}<rs:md {md}/></url></urlset>"#
+        )
+    };
+    let lastmod = "<lastmod>2013-01-02T12:00:00Z</lastmod>";
+    for (md, lm) in [
+        (r#"change="created""#, lastmod),
+        (r#"change="updated" path="changes/x""#, lastmod),
+        (r#"change="created" path="/x""#, ""),
+    ] {
+        assert!(
+            matches!(
+                parse(doc(md, lm).as_bytes()),
+                Err(ParseError::Entry { index: 0, .. })
+            ),
+            "{md} {lm}"
+        );
+    }
+    assert!(parse(doc(r#"change="deleted""#, lastmod).as_bytes()).is_ok());
 }

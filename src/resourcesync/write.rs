@@ -17,8 +17,8 @@
 use time::OffsetDateTime;
 
 use super::{
-    Capability, ChangeListHeader, DocLink, IndexEntry, ResourceListHeader, HUB_NS, RS_NS,
-    SITEMAP_NS,
+    Capability, ChangeListHeader, DocLink, DumpEntry, IndexEntry, ManifestEntry,
+    ResourceListHeader, HUB_NS, RS_NS, SITEMAP_NS,
 };
 use crate::model::{format_datetime, Change, Link};
 
@@ -139,6 +139,119 @@ pub fn write_change_list_archive_index(header: &ChangeListHeader, pages: &[Index
         header,
         pages,
     )
+}
+
+/// Renders a Change Dump: `<urlset>`, `<rs:md capability="changedump" from=.. [until=..]>`
+/// (`from` defaults to the first package's), the header's links (the spec requires
+/// `rel="up"` to the Capability List), then one `<url>` per package with `<loc>`, `<lastmod>`,
+/// `<rs:md type length hash from until ch:first ch:last [ch:skipped]/>` and
+/// `<rs:ln rel="contents" href=.. type="application/xml"/>` to its manifest.
+pub fn write_change_dump(header: &ChangeListHeader, entries: &[DumpEntry]) -> Vec<u8> {
+    let estimate: usize = entries
+        .iter()
+        .map(|e| 400 + e.loc.len() + e.contents.as_ref().map_or(0, String::len))
+        .sum();
+    let mut out = Out::with_capacity(512 + header_size(header) + estimate);
+    out.open_root("urlset", true);
+    let from = header.from.or_else(|| entries.first().and_then(|e| e.from));
+    out.header_md("changedump", from, header);
+    out.doc_links(&header.links);
+    for e in entries {
+        out.raw("  <url>\n    <loc>");
+        out.text(&e.loc);
+        out.raw("</loc>\n");
+        if let Some(lastmod) = e.lastmod {
+            out.raw("    <lastmod>");
+            out.raw(&format_datetime(lastmod));
+            out.raw("</lastmod>\n");
+        }
+        out.raw("    <rs:md");
+        if let Some(t) = &e.media_type {
+            out.attr("type", t);
+        }
+        if let Some(length) = e.length {
+            out.u64_attr("length", length);
+        }
+        if let Some(hash) = &e.hash {
+            out.attr("hash", hash);
+        }
+        out.opt_datetime_attr("from", e.from);
+        out.opt_datetime_attr("until", e.until);
+        if let Some((first, last)) = e.seq_range {
+            out.u64_attr("ch:first", first);
+            out.u64_attr("ch:last", last);
+        }
+        if let Some(skipped) = e.skipped {
+            out.u64_attr("ch:skipped", skipped);
+        }
+        out.raw("/>\n");
+        if let Some(contents) = &e.contents {
+            out.raw("    <rs:ln rel=\"contents\"");
+            out.attr("href", contents);
+            out.raw(" type=\"application/xml\"/>\n");
+        }
+        out.raw("  </url>\n");
+    }
+    out.raw("</urlset>\n");
+    out.buf
+}
+
+/// Renders a Change Dump Index: `<sitemapindex>`, `<rs:md capability="changedump" ..>`, one
+/// `<sitemap>` per Change Dump with `<rs:md from=.. [until=..]>`.
+pub fn write_change_dump_index(header: &ChangeListHeader, pages: &[IndexEntry]) -> Vec<u8> {
+    let from = header.from.or_else(|| pages.first().and_then(|e| e.from));
+    write_lists(
+        ("sitemapindex", "sitemap"),
+        "changedump",
+        from,
+        header,
+        pages,
+    )
+}
+
+/// Renders a Change Dump Manifest: `<urlset>`, `<rs:md capability="changedump-manifest"
+/// from=.. until=..>`, the header's links, then one `<url>` per change in the order given
+/// (forward chronological) with `<loc>`, `<lastmod>` and `<rs:md change datetime [hash]
+/// [length] [type] [path] ch:seq/>`.
+pub fn write_change_dump_manifest(header: &ChangeListHeader, entries: &[ManifestEntry]) -> Vec<u8> {
+    let estimate: usize = entries
+        .iter()
+        .map(|e| 320 + e.loc.len() + e.path.as_ref().map_or(0, String::len))
+        .sum();
+    let mut out = Out::with_capacity(512 + header_size(header) + estimate);
+    out.open_root("urlset", true);
+    let from = header
+        .from
+        .or_else(|| entries.first().map(|e| e.datetime.unwrap_or(e.lastmod)));
+    out.header_md("changedump-manifest", from, header);
+    out.doc_links(&header.links);
+    for e in entries {
+        out.raw("  <url>\n    <loc>");
+        out.text(&e.loc);
+        out.raw("</loc>\n    <lastmod>");
+        out.raw(&format_datetime(e.lastmod));
+        out.raw("</lastmod>\n    <rs:md");
+        out.attr("change", e.change.as_str());
+        out.opt_datetime_attr("datetime", e.datetime);
+        if let Some(hash) = &e.hash {
+            out.attr("hash", hash);
+        }
+        if let Some(length) = e.length {
+            out.u64_attr("length", length);
+        }
+        if let Some(t) = &e.media_type {
+            out.attr("type", t);
+        }
+        if let Some(path) = &e.path {
+            out.attr("path", path);
+        }
+        if let Some(seq) = e.seq {
+            out.u64_attr("ch:seq", seq);
+        }
+        out.raw("/>\n  </url>\n");
+    }
+    out.raw("</urlset>\n");
+    out.buf
 }
 
 /// A document that lists other documents with the interval each covers.

@@ -14,6 +14,7 @@ mod cluster;
 mod conformance;
 mod crash;
 mod disk_full;
+mod dumps;
 mod end_to_end;
 mod external;
 mod feedsync;

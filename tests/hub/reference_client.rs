@@ -14,8 +14,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// `resync-sync` from the test's venv, made on first use.
-fn resync_sync() -> PathBuf {
+/// `resync-sync` from the test's venv, made on first use (its `python` is next to it).
+pub(crate) fn resync_sync() -> PathBuf {
     static VENV: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one_at_a_time = VENV.lock().unwrap_or_else(|e| e.into_inner());
     let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("resync-venv");

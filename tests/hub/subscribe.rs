@@ -21,9 +21,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// The source's file server: DIR under `/files/`, with some paths answered with other bytes.
+/// The source's file server: DIR under `/files/`, with some paths answered with other bytes
+/// (also the source of the Change Dump tests).
 #[derive(Clone)]
-struct FileServer {
+pub(crate) struct FileServer {
     dir: PathBuf,
     wrong: Arc<Mutex<HashMap<String, Vec<u8>>>>,
 }
@@ -46,7 +47,9 @@ async fn serve_file(
 
 impl FileServer {
     /// Serves `dir`; returns the server and its base URL (`http://127.0.0.1:P/files/`).
-    async fn start(dir: &Path) -> (FileServer, String, tokio::sync::oneshot::Sender<()>) {
+    pub(crate) async fn start(
+        dir: &Path,
+    ) -> (FileServer, String, tokio::sync::oneshot::Sender<()>) {
         let server = FileServer {
             dir: dir.to_path_buf(),
             wrong: Arc::default(),

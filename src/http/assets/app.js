@@ -185,7 +185,11 @@ function renderDetail() {
   };
   $("#detail-title").textContent = `Channel ${state.selected}`;
   for (const [k, v] of Object.entries(facts)) section.querySelector(`[data-fact="${k}"]`).textContent = v;
-  for (const a of section.querySelectorAll("[data-link]")) a.href = info[a.dataset.link];
+  for (const a of section.querySelectorAll("[data-link]")) {
+    const href = info[a.dataset.link];
+    a.hidden = !href;
+    if (href) a.href = href;
+  }
 }
 
 function select() {

@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 
 use super::reader::{bounded, datetime, number, truncate, Attr, Ns, Parser, MAX_DATETIME_LEN};
 use crate::model::{ChangeType, Link, NewChange, MAX_ATTR_LEN, MAX_LINKS, MAX_URI_LEN};
-use crate::resourcesync::{Capability, IndexEntry, ParseError, ParsedEntry};
+use crate::resourcesync::{
+    Capability, DumpEntry, IndexEntry, ManifestEntry, ParseError, ParsedEntry,
+};
 
 /// A `<url>`/`<sitemap>` as read, before the document kind gives it meaning.
 #[derive(Default)]
@@ -243,4 +245,108 @@ pub(super) fn capability_entry(raw: RawEntry, index: usize) -> Result<Capability
     let capability =
         bounded(capability, "capability").map_err(|reason| ParseError::Entry { index, reason })?;
     Ok(Capability { loc, capability })
+}
+
+/// A `<url>` of a Change Dump: a package, its period and its manifest.
+pub(super) fn dump_entry(raw: RawEntry, index: usize) -> Result<DumpEntry, ParseError> {
+    let bad = |reason: String| ParseError::Entry { index, reason };
+    let loc = required_loc(raw.loc, index)?;
+    let lastmod = raw
+        .lastmod
+        .map(|text| datetime(&text).map_err(|e| bad(format!("lastmod: {e}"))))
+        .transpose()?;
+    let mut entry = DumpEntry {
+        loc,
+        lastmod,
+        ..DumpEntry::default()
+    };
+    let (mut first, mut last) = (None, None);
+    for attr in raw.md.unwrap_or_default() {
+        match (attr.ns, attr.name.as_str()) {
+            (ns, "type") if ns.is_rs_attr() => {
+                entry.media_type = Some(bounded(attr.value, "type").map_err(bad)?)
+            }
+            (ns, "length") if ns.is_rs_attr() => {
+                entry.length = Some(number(&attr.value).map_err(|e| bad(format!("length: {e}")))?)
+            }
+            (ns, "hash") if ns.is_rs_attr() => {
+                entry.hash = Some(bounded(attr.value, "hash").map_err(bad)?)
+            }
+            (ns, "from") if ns.is_rs_attr() => {
+                entry.from = Some(datetime(&attr.value).map_err(|e| bad(format!("from: {e}")))?)
+            }
+            (ns, "until") if ns.is_rs_attr() => {
+                entry.until = Some(datetime(&attr.value).map_err(|e| bad(format!("until: {e}")))?)
+            }
+            (Ns::Hub, "first") => {
+                first = Some(number(&attr.value).map_err(|e| bad(format!("ch:first: {e}")))?)
+            }
+            (Ns::Hub, "last") => {
+                last = Some(number(&attr.value).map_err(|e| bad(format!("ch:last: {e}")))?)
+            }
+            (Ns::Hub, "skipped") => {
+                entry.skipped =
+                    Some(number(&attr.value).map_err(|e| bad(format!("ch:skipped: {e}")))?)
+            }
+            _ => {}
+        }
+    }
+    entry.seq_range = match (first, last) {
+        (Some(first), Some(last)) if first <= last => Some((first, last)),
+        (None, None) => None,
+        _ => {
+            return Err(bad(
+                "ch:first and ch:last must come together, first <= last".into(),
+            ))
+        }
+    };
+    entry.contents = raw
+        .links
+        .into_iter()
+        .find(|l| l.rel == "contents")
+        .map(|l| l.href);
+    Ok(entry)
+}
+
+/// A `<url>` of a Change Dump Manifest: a change (as in a Change List; `<lastmod>` is
+/// mandatory) and the `path` of its bitstream, which every change but a deletion has.
+pub(super) fn manifest_entry(raw: RawEntry, index: usize) -> Result<ManifestEntry, ParseError> {
+    let bad = |reason: String| ParseError::Entry { index, reason };
+    let lastmod_text = raw.lastmod.clone();
+    let path = raw
+        .md
+        .as_ref()
+        .and_then(|md| md.iter().find(|a| a.ns.is_rs_attr() && a.name == "path"))
+        .map(|a| a.value.clone());
+    let parsed = url_entry(raw, index, true)?;
+    let lastmod = match lastmod_text {
+        Some(text) => datetime(&text).map_err(|e| bad(format!("lastmod: {e}")))?,
+        None => return Err(bad("no <lastmod>".into())),
+    };
+    let path = match path {
+        Some(p) => {
+            let p = bounded(p, "path").map_err(bad)?;
+            if !p.starts_with('/') {
+                return Err(bad("path must start with /".into()));
+            }
+            Some(p)
+        }
+        None if parsed.change.change != ChangeType::Deleted => {
+            return Err(bad("a change other than deleted needs a path".into()))
+        }
+        None => None,
+    };
+    let change = parsed.change;
+    Ok(ManifestEntry {
+        loc: change.loc,
+        lastmod,
+        change: change.change,
+        // url_entry keeps the datetime of rs:md, or <lastmod> when there is none.
+        datetime: change.datetime,
+        hash: change.hash,
+        length: change.length,
+        media_type: change.media_type,
+        path,
+        seq: parsed.seq,
+    })
 }

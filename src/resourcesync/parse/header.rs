@@ -100,12 +100,15 @@ pub(super) fn top_md(
         (Root::UrlSet, "description") => Ok(Kind::SourceDescription),
         (Root::UrlSet, "resourcelist") => Ok(Kind::ResourceList),
         (Root::SitemapIndex, "resourcelist") => Ok(Kind::ResourceListIndex),
+        (Root::UrlSet, "changedump") => Ok(Kind::ChangeDump),
+        (Root::SitemapIndex, "changedump") => Ok(Kind::ChangeDumpIndex),
+        (Root::UrlSet, "changedump-manifest") => Ok(Kind::ChangeDumpManifest),
         (Root::UrlSet, _) => Err(ParseError::UnexpectedCapability {
-            expected: "changelist, resourcelist, capabilitylist or description".into(),
+            expected: "changelist, resourcelist, changedump, changedump-manifest, capabilitylist or description".into(),
             found: truncate(&capability).into(),
         }),
         (Root::SitemapIndex, _) => Err(ParseError::UnexpectedCapability {
-            expected: "changelist or resourcelist (in a <sitemapindex>)".into(),
+            expected: "changelist, resourcelist or changedump (in a <sitemapindex>)".into(),
             found: truncate(&capability).into(),
         }),
     }

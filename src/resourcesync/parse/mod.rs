@@ -17,11 +17,12 @@ use quick_xml::events::Event;
 use quick_xml::NsReader;
 
 use super::{
-    Capability, ChangeListHeader, Document, IndexEntry, Limits, ParseError, ParsedEntry,
-    ResourceListHeader,
+    Capability, ChangeListHeader, Document, DumpEntry, IndexEntry, Limits, ManifestEntry,
+    ParseError, ParsedEntry, ResourceListHeader,
 };
 use entries::{
-    capability_entry, change_entry, index_entry, required_loc, resource_entry, RawEntry,
+    capability_entry, change_entry, dump_entry, index_entry, manifest_entry, required_loc,
+    resource_entry, RawEntry,
 };
 use header::{doc_link, top_md, ListTimes, MAX_DOC_LINKS};
 use reader::{is_blank, truncate, Ns, Parser};
@@ -32,8 +33,9 @@ mod reader;
 
 /// Detects the kind from the root element and the top-level rs:md capability.
 ///
-/// Accepted: `<urlset>` with `changelist`, `resourcelist`, `capabilitylist` or
-/// `description`, and `<sitemapindex>` with `changelist` or `resourcelist`. The top-level `<rs:md>` must come before the first
+/// Accepted: `<urlset>` with `changelist`, `resourcelist`, `changedump`,
+/// `changedump-manifest`, `capabilitylist` or `description`, and `<sitemapindex>` with
+/// `changelist`, `resourcelist` or `changedump`. The top-level `<rs:md>` must come before the first
 /// entry (as the Sitemap schema has it), otherwise [`ParseError::MissingCapability`].
 pub fn parse_document(xml: &[u8], limits: &Limits) -> Result<Document, ParseError> {
     if xml.len() > limits.max_bytes {
@@ -75,6 +77,10 @@ pub fn parse_change_list(
         Document::ResourceList { .. } | Document::ResourceListIndex { .. } => {
             Err(unexpected("resourcelist"))
         }
+        Document::ChangeDump { .. } | Document::ChangeDumpIndex { .. } => {
+            Err(unexpected("changedump"))
+        }
+        Document::ChangeDumpManifest { .. } => Err(unexpected("changedump-manifest")),
     }
 }
 
@@ -101,6 +107,9 @@ pub(super) enum Kind {
     SourceDescription,
     ResourceList,
     ResourceListIndex,
+    ChangeDump,
+    ChangeDumpIndex,
+    ChangeDumpManifest,
 }
 
 /// What the children of the root element gave.
@@ -112,6 +121,8 @@ struct Body {
     index: Vec<IndexEntry>,
     caps: Vec<Capability>,
     lists: Vec<String>,
+    dumps: Vec<DumpEntry>,
+    manifest: Vec<ManifestEntry>,
 }
 
 impl<'a> Parser<'a> {
@@ -155,6 +166,8 @@ impl<'a> Parser<'a> {
             index: Vec::new(),
             caps: Vec::new(),
             lists: Vec::new(),
+            dumps: Vec::new(),
+            manifest: Vec::new(),
         };
         if !empty {
             self.root_children(root_kind, &mut body)?;
@@ -180,6 +193,8 @@ impl<'a> Parser<'a> {
             index,
             caps,
             lists,
+            dumps,
+            manifest,
         } = body;
         let list_header = |header: ChangeListHeader| -> Result<ResourceListHeader, ParseError> {
             Ok(ResourceListHeader {
@@ -216,6 +231,18 @@ impl<'a> Parser<'a> {
             Kind::ResourceListIndex => Document::ResourceListIndex {
                 header: list_header(header)?,
                 pages: lists,
+            },
+            Kind::ChangeDump => Document::ChangeDump {
+                header,
+                entries: dumps,
+            },
+            Kind::ChangeDumpIndex => Document::ChangeDumpIndex {
+                header,
+                entries: index,
+            },
+            Kind::ChangeDumpManifest => Document::ChangeDumpManifest {
+                header,
+                entries: manifest,
             },
         })
     }
@@ -281,7 +308,11 @@ impl<'a> Parser<'a> {
                     };
                     match kind {
                         Kind::ChangeList => body.changes.push(change_entry(raw, index)?),
-                        Kind::ChangeListIndex => body.index.push(index_entry(raw, index)?),
+                        Kind::ChangeListIndex | Kind::ChangeDumpIndex => {
+                            body.index.push(index_entry(raw, index)?)
+                        }
+                        Kind::ChangeDump => body.dumps.push(dump_entry(raw, index)?),
+                        Kind::ChangeDumpManifest => body.manifest.push(manifest_entry(raw, index)?),
                         Kind::CapabilityList => body.caps.push(capability_entry(raw, index)?),
                         Kind::SourceDescription | Kind::ResourceListIndex => {
                             body.lists.push(required_loc(raw.loc, index)?)
