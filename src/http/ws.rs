@@ -18,6 +18,7 @@ use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgr
 use axum::extract::{ConnectInfo, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
 use serde::Deserialize;
 use std::collections::{HashMap, VecDeque};
@@ -190,24 +191,34 @@ pub async fn upgrade(
         )
             .into_response();
     };
-    // Small buffers keep idle connections cheap: client frames are small (a larger one grows
-    // the read buffer as needed), and writes go straight to the socket.
-    ws.read_buffer_size(1024)
+    // Small buffers keep idle connections cheap: client frames are small (a subscribe frame
+    // is well under READ_BUFFER bytes; a larger one grows the read buffer as needed), and
+    // writes go straight to the socket.
+    ws.read_buffer_size(READ_BUFFER)
         .write_buffer_size(0)
         .max_message_size(limits.max_frame)
         .max_frame_size(limits.max_frame)
         .on_upgrade(move |socket| {
+            // Split here, not inside the connection's future: that future is the connection's
+            // task, kept as long as the connection is open, and a socket taken as its argument
+            // would keep a dead copy of the socket's state in it.
+            let (sink, stream) = socket.split();
             let tasks = state.connections.tasks.clone();
-            tasks.track_future(async move {
-                connection(socket, state, query.token).await;
-                drop(guard);
-            })
+            tasks.track_future(connection(sink, stream, state, query.token, guard))
         })
 }
+
+/// The websocket read buffer's initial size, bytes. Every open connection holds one, so it is
+/// sized for the client frames the hub expects (subscribe and unsubscribe, a few hundred bytes
+/// with a token and an epoch), not for the largest allowed.
+const READ_BUFFER: usize = 256;
 
 /// What subscription tasks hand to the connection task: a frame, for frames carrying
 /// changes their channel and last seq (so that a slow client is told where to resume), and
 /// the frame's share of the connection's byte budget, given back once it is written.
+///
+/// The queue carries them boxed: a tokio channel allocates its slots 32 at a time when it is
+/// made, so an idle connection would hold 32 unboxed `Out`s (2.3 KiB); boxed, 256 bytes.
 struct Out(
     Utf8Bytes,
     Option<(Arc<str>, u64)>,
@@ -217,7 +228,7 @@ struct Out(
 struct Connection {
     state: AppState,
     query_token: Option<String>,
-    queue: mpsc::Sender<Out>,
+    queue: mpsc::Sender<Box<Out>>,
     /// Set when a live frame found the queue full; `slow_channel` names its channel.
     slow: CancellationToken,
     slow_channel: Arc<Mutex<Option<Arc<str>>>>,
@@ -229,11 +240,18 @@ struct Connection {
     budget: Arc<Semaphore>,
 }
 
-async fn connection(socket: WebSocket, state: AppState, query_token: Option<String>) {
+/// Serves one connection until it closes; `guard` counts it until then.
+async fn connection(
+    mut sink: SplitSink<WebSocket, Message>,
+    mut stream: SplitStream<WebSocket>,
+    state: AppState,
+    query_token: Option<String>,
+    guard: ConnectionGuard,
+) {
+    let _guard = guard;
     let limits = state.config.live;
     let shutdown = state.shutdown.clone();
-    let (mut sink, mut stream) = socket.split();
-    let (tx, mut rx) = mpsc::channel::<Out>(limits.queue);
+    let (tx, mut rx) = mpsc::channel::<Box<Out>>(limits.queue);
     let budget = Arc::new(Semaphore::new(limits.queue_bytes));
     let mut conn = Connection {
         state,
@@ -276,7 +294,8 @@ async fn connection(socket: WebSocket, state: AppState, query_token: Option<Stri
                 }
             },
             out = rx.recv() => match out {
-                Some(Out(frame, changes, _permit)) => {
+                Some(out) => {
+                    let Out(frame, changes, _permit) = *out;
                     let send = sink.send(Message::Text(frame));
                     tokio::pin!(send);
                     let sent = tokio::select! {
@@ -374,7 +393,11 @@ impl Connection {
 
     /// Queues a control frame; a full queue means the client is too slow.
     fn reply(&self, frame: String) {
-        if self.queue.try_send(Out(frame.into(), None, None)).is_err() {
+        if self
+            .queue
+            .try_send(Box::new(Out(frame.into(), None, None)))
+            .is_err()
+        {
             self.slow.cancel();
         }
     }
@@ -473,7 +496,7 @@ impl Connection {
 /// Where a subscription puts its frames: the connection's queue and byte budget, and how it
 /// says that the client is too slow.
 struct Outlet {
-    queue: mpsc::Sender<Out>,
+    queue: mpsc::Sender<Box<Out>>,
     slow: CancellationToken,
     slow_channel: Arc<Mutex<Option<Arc<str>>>>,
     connections: Arc<Connections>,
@@ -483,14 +506,8 @@ struct Outlet {
 
 /// Runs one subscription: queues the follower's frames on the connection.
 async fn follow(mut follower: Follower, channel: Arc<str>, outlet: Outlet) {
-    let Outlet {
-        queue,
-        slow,
-        slow_channel,
-        connections,
-        budget,
-        limits,
-    } = outlet;
+    // The outlet's fields are used in place: destructured into locals, they would be stored
+    // twice in this future, which every subscription keeps for as long as it runs.
     loop {
         let event = match follower.next().await {
             Ok(Some(event)) => event,
@@ -504,45 +521,55 @@ async fn follow(mut follower: Follower, channel: Arc<str>, outlet: Outlet) {
                     Some(&channel),
                     "the store is unavailable; resubscribe with your cursor",
                 );
-                let _ = queue.send(Out(frame.into(), None, None)).await;
+                let _ = outlet
+                    .queue
+                    .send(Box::new(Out(frame.into(), None, None)))
+                    .await;
                 return;
             }
         };
         let last = event.changes().last().map(|c| (channel.clone(), c.seq));
         let frame = match &event {
-            Event::Live(n, 0) => connections.live_frame(n),
+            Event::Live(n, 0) => outlet.connections.live_frame(n),
             _ => frames::event(&channel, &event, follower.epoch()).into(),
         };
         // Every frame takes its size from the byte budget (at most all of it), given back
         // when it is written: a live frame that finds no room means the client is too slow; a
-        // replay waits for room, up to `stall`.
-        let cost = frame.len().clamp(1, limits.queue_bytes) as u32;
+        // replay waits for room, up to `stall` (that wait boxed: its timer would otherwise
+        // take room in this future for the whole life of the subscription).
+        let cost = frame.len().clamp(1, outlet.limits.queue_bytes) as u32;
         let permit = if matches!(event, Event::Live(..)) {
-            budget.clone().try_acquire_many_owned(cost).ok()
+            outlet.budget.clone().try_acquire_many_owned(cost).ok()
         } else {
-            match tokio::time::timeout(limits.stall, budget.clone().acquire_many_owned(cost)).await
-            {
+            let room = outlet.budget.clone().acquire_many_owned(cost);
+            match Box::pin(tokio::time::timeout(outlet.limits.stall, room)).await {
                 Ok(permit) => permit.ok(),
                 Err(_) => None,
             }
         };
         let Some(permit) = permit else {
-            *slow_channel.lock().unwrap_or_else(|e| e.into_inner()) = Some(channel);
-            slow.cancel();
+            *outlet
+                .slow_channel
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(channel);
+            outlet.slow.cancel();
             return;
         };
-        let frame = Out(frame, last, Some(permit));
+        let frame = Box::new(Out(frame, last, Some(permit)));
         if matches!(event, Event::Live(..)) {
-            match queue.try_send(frame) {
+            match outlet.queue.try_send(frame) {
                 Ok(()) => {}
                 Err(mpsc::error::TrySendError::Full(_)) => {
-                    *slow_channel.lock().unwrap_or_else(|e| e.into_inner()) = Some(channel);
-                    slow.cancel();
+                    *outlet
+                        .slow_channel
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner()) = Some(channel);
+                    outlet.slow.cancel();
                     return;
                 }
                 Err(mpsc::error::TrySendError::Closed(_)) => return,
             }
-        } else if queue.send(frame).await.is_err() {
+        } else if outlet.queue.send(frame).await.is_err() {
             return;
         }
     }
