@@ -366,29 +366,29 @@ async fn connection(
                 }
             },
             out = conn.queue.pop() => {
-                    let Out(frame, changes, _permit) = out;
-                    let send = sink.send(Message::Text(frame));
-                    tokio::pin!(send);
-                    let sent = tokio::select! {
-                        sent = &mut send => sent,
-                        _ = conn.slow.cancelled() => {
-                            // Finish the frame being written (a slow client may still read it),
-                            // so that the close reason's seq is exactly what the client got.
-                            conn.count_slow();
-                            match Box::pin(tokio::time::timeout(SLOW_PATIENCE, &mut send)).await {
-                                Ok(sent) => sent,
-                                Err(_) => break None, // not reading at all: just drop it
-                            }
-                        }
-                    };
-                    if sent.is_err() {
-                        break None;
-                    }
-                    if let Some((channel, last)) = changes {
-                        if let Some(seq) = conn.written.get_mut(&*channel) {
-                            *seq = last;
+                let Out(frame, changes, _permit) = out;
+                let send = sink.send(Message::Text(frame));
+                tokio::pin!(send);
+                let sent = tokio::select! {
+                    sent = &mut send => sent,
+                    _ = conn.slow.cancelled() => {
+                        // Finish the frame being written (a slow client may still read it),
+                        // so that the close reason's seq is exactly what the client got.
+                        conn.count_slow();
+                        match Box::pin(tokio::time::timeout(SLOW_PATIENCE, &mut send)).await {
+                            Ok(sent) => sent,
+                            Err(_) => break None, // not reading at all: just drop it
                         }
                     }
+                };
+                if sent.is_err() {
+                    break None;
+                }
+                if let Some((channel, last)) = changes {
+                    if let Some(seq) = conn.written.get_mut(&*channel) {
+                        *seq = last;
+                    }
+                }
             }
             _ = conn.slow.cancelled() => {
                 conn.count_slow();
