@@ -55,6 +55,22 @@ pub struct Connections {
     /// Open server-sent event streams (see [`SseGuard`]).
     pub sse: std::sync::atomic::AtomicUsize,
     frames: Mutex<HashMap<String, VecDeque<SharedFrame>>>,
+    /// Websocket connections closed so far (see [`TRIM_EVERY`]).
+    closed: std::sync::atomic::AtomicUsize,
+}
+
+/// After this many websockets have closed, the memory they freed is handed back to the
+/// system (`malloc_trim`): glibc's malloc keeps freed memory that sits between live
+/// allocations, so a hub that once held many connections would keep their memory resident.
+const TRIM_EVERY: usize = 1024;
+
+/// Hands memory freed inside the heap back to the system (glibc only).
+fn trim_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim takes the allocator's own locks; it only releases free pages.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 /// How many recent live frames are kept per channel.
@@ -159,6 +175,14 @@ impl Drop for ConnectionGuard {
             if *n == 0 {
                 per_ip.remove(&self.ip);
             }
+        }
+        drop(per_ip);
+        let closed = self
+            .connections
+            .closed
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if (closed + 1).is_multiple_of(TRIM_EVERY) {
+            trim_heap();
         }
     }
 }
