@@ -153,9 +153,14 @@ fn serve_connection(
     limits: HttpLimits,
     admitted: Admitted,
 ) {
-    let service = app
-        .layer(axum::Extension(ConnectInfo(peer)))
-        .map_request(|req: hyper::Request<Incoming>| req.map(axum::body::Body::new));
+    // The client's address goes into each request's extensions, where `ConnectInfo` looks
+    // for it. (`Router::layer` would rebuild every route for each connection: time and memory
+    // per connection, kept as long as the connection is.)
+    let service = app.map_request(move |req: hyper::Request<Incoming>| {
+        let mut req = req.map(axum::body::Body::new);
+        req.extensions_mut().insert(ConnectInfo(peer));
+        req
+    });
     let service = TowerToHyperService::new(service);
     let mut builder = Builder::new(TokioExecutor::new());
     builder

@@ -18,19 +18,19 @@ use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgr
 use axum::extract::{ConnectInfo, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
 use serde::Deserialize;
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::AppState;
 use crate::auth;
-use crate::config::LiveLimits;
 use crate::live::follow::{Event, Follower};
 use crate::live::frames;
 use crate::model::Notification;
@@ -55,6 +55,22 @@ pub struct Connections {
     /// Open server-sent event streams (see [`SseGuard`]).
     pub sse: std::sync::atomic::AtomicUsize,
     frames: Mutex<HashMap<String, VecDeque<SharedFrame>>>,
+    /// Websocket connections closed so far (see [`TRIM_EVERY`]).
+    closed: std::sync::atomic::AtomicUsize,
+}
+
+/// After this many websockets have closed, the memory they freed is handed back to the
+/// system (`malloc_trim`): glibc's malloc keeps freed memory that sits between live
+/// allocations, so a hub that once held many connections would keep their memory resident.
+const TRIM_EVERY: usize = 1024;
+
+/// Hands memory freed inside the heap back to the system (glibc only).
+fn trim_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim takes the allocator's own locks; it only releases free pages.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 /// How many recent live frames are kept per channel.
@@ -160,6 +176,14 @@ impl Drop for ConnectionGuard {
                 per_ip.remove(&self.ip);
             }
         }
+        drop(per_ip);
+        let closed = self
+            .connections
+            .closed
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if (closed + 1).is_multiple_of(TRIM_EVERY) {
+            trim_heap();
+        }
     }
 }
 
@@ -190,20 +214,28 @@ pub async fn upgrade(
         )
             .into_response();
     };
-    // Small buffers keep idle connections cheap: client frames are small (a larger one grows
-    // the read buffer as needed), and writes go straight to the socket.
-    ws.read_buffer_size(1024)
+    // Small buffers keep idle connections cheap: client frames are small (a subscribe frame
+    // is well under READ_BUFFER bytes; a larger one grows the read buffer as needed), and
+    // writes go straight to the socket.
+    ws.read_buffer_size(READ_BUFFER)
         .write_buffer_size(0)
         .max_message_size(limits.max_frame)
         .max_frame_size(limits.max_frame)
         .on_upgrade(move |socket| {
+            // Split here, not inside the connection's future: that future is the connection's
+            // task, kept as long as the connection is open, and a socket taken as its argument
+            // would keep a dead copy of the socket's state in it.
+            let (sink, stream) = socket.split();
             let tasks = state.connections.tasks.clone();
-            tasks.track_future(async move {
-                connection(socket, state, query.token).await;
-                drop(guard);
-            })
+            let conn = Connection::new(state, query.token, guard);
+            tasks.track_future(connection(sink, stream, conn))
         })
 }
+
+/// The websocket read buffer's initial size, bytes. Every open connection holds one, so it is
+/// sized for the client frames the hub expects (subscribe and unsubscribe, a few hundred bytes
+/// with a token and an epoch), not for the largest allowed.
+const READ_BUFFER: usize = 256;
 
 /// What subscription tasks hand to the connection task: a frame, for frames carrying
 /// changes their channel and last seq (so that a slow client is told where to resume), and
@@ -214,10 +246,84 @@ struct Out(
     Option<OwnedSemaphorePermit>,
 );
 
+/// A connection's outgoing frames, in order: at most `--ws-queue` of them, queued by its
+/// subscriptions (and the connection itself, for control frames), written by its task.
+///
+/// Not a tokio channel: one allocates 32 slots (2.3 KiB for `Out`) and 512 bytes of
+/// cache-padded state when it is made, which every idle connection would keep. This one holds
+/// a few words until a frame is queued.
+struct Queue {
+    frames: Mutex<VecDeque<Out>>,
+    /// Free places: a queued frame takes one, given back when the frame is taken.
+    room: Semaphore,
+    /// Wakes the connection's task when a frame is queued.
+    queued: Notify,
+}
+
+impl Queue {
+    fn new(capacity: usize) -> Queue {
+        Queue {
+            frames: Mutex::default(),
+            room: Semaphore::new(capacity),
+            queued: Notify::new(),
+        }
+    }
+
+    /// Queues `out` if there is room.
+    fn try_push(&self, out: Out) -> Result<(), TryAcquireError> {
+        self.room.try_acquire()?.forget();
+        self.append(out);
+        Ok(())
+    }
+
+    /// Queues `out` once there is room; `false` when the queue was closed.
+    async fn push(&self, out: Out) -> bool {
+        match self.room.acquire().await {
+            Ok(place) => place.forget(),
+            Err(_) => return false,
+        }
+        self.append(out);
+        true
+    }
+
+    fn append(&self, out: Out) {
+        let mut frames = self.frames.lock().unwrap_or_else(|e| e.into_inner());
+        frames.push_back(out);
+        drop(frames);
+        // Stores a wake-up when the task is not waiting yet: none is lost.
+        self.queued.notify_one();
+    }
+
+    /// The oldest queued frame, once there is one.
+    async fn pop(&self) -> Out {
+        loop {
+            let next = {
+                let mut frames = self.frames.lock().unwrap_or_else(|e| e.into_inner());
+                let next = frames.pop_front();
+                if frames.is_empty() {
+                    // An idle connection keeps no room for frames it no longer has.
+                    frames.shrink_to_fit();
+                }
+                next
+            };
+            if let Some(out) = next {
+                self.room.add_permits(1);
+                return out;
+            }
+            self.queued.notified().await;
+        }
+    }
+
+    /// Ends waits for room: the connection is gone.
+    fn close(&self) {
+        self.room.close();
+    }
+}
+
 struct Connection {
     state: AppState,
     query_token: Option<String>,
-    queue: mpsc::Sender<Out>,
+    queue: Arc<Queue>,
     /// Set when a live frame found the queue full; `slow_channel` names its channel.
     slow: CancellationToken,
     slow_channel: Arc<Mutex<Option<Arc<str>>>>,
@@ -227,36 +333,44 @@ struct Connection {
     slow_counted: bool,
     /// Bytes of change frames queued and not yet written (`--ws-queue-bytes`).
     budget: Arc<Semaphore>,
+    /// Counts the connection until it is dropped, when the connection ends.
+    _guard: ConnectionGuard,
 }
 
-async fn connection(socket: WebSocket, state: AppState, query_token: Option<String>) {
-    let limits = state.config.live;
-    let shutdown = state.shutdown.clone();
-    let (mut sink, mut stream) = socket.split();
-    let (tx, mut rx) = mpsc::channel::<Out>(limits.queue);
-    let budget = Arc::new(Semaphore::new(limits.queue_bytes));
-    let mut conn = Connection {
-        state,
-        query_token,
-        queue: tx,
-        slow: CancellationToken::new(),
-        slow_channel: Arc::default(),
-        subscriptions: HashMap::new(),
-        written: HashMap::new(),
-        slow_counted: false,
-        budget,
-    };
-    let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + limits.ping, limits.ping);
-    let close = |code: u16, mut reason: String| {
-        // A close reason holds at most 123 bytes.
-        while reason.len() > 123 {
-            reason.pop();
+impl Connection {
+    /// A connection's state. Made before the connection's future, and moved into it whole:
+    /// every part of the state is then stored once in that future, which lives as long as the
+    /// connection.
+    fn new(state: AppState, query_token: Option<String>, guard: ConnectionGuard) -> Connection {
+        let limits = state.config.live;
+        Connection {
+            state,
+            query_token,
+            queue: Arc::new(Queue::new(limits.queue)),
+            slow: CancellationToken::new(),
+            slow_channel: Arc::default(),
+            subscriptions: HashMap::new(),
+            written: HashMap::new(),
+            slow_counted: false,
+            budget: Arc::new(Semaphore::new(limits.queue_bytes)),
+            _guard: guard,
         }
-        Message::Close(Some(CloseFrame {
-            code,
-            reason: reason.into(),
-        }))
-    };
+    }
+}
+
+/// Serves one connection until it closes.
+///
+/// This future is the connection's task for as long as the connection is open, so it keeps
+/// little: what is needed only on the way out (the slow client's grace, the closing
+/// handshake) is boxed when it happens.
+async fn connection(
+    mut sink: SplitSink<WebSocket, Message>,
+    mut stream: SplitStream<WebSocket>,
+    mut conn: Connection,
+) {
+    let shutdown = conn.state.shutdown.clone();
+    let every = conn.state.config.live.ping;
+    let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     let closing = loop {
         tokio::select! {
             incoming = stream.next() => match incoming {
@@ -268,40 +382,38 @@ async fn connection(socket: WebSocket, state: AppState, query_token: Option<Stri
                 Some(Err(e)) => {
                     let text = e.to_string().to_ascii_lowercase();
                     let reason = if text.contains("too long") || text.contains("too big") || text.contains("limit") {
-                        (1009, format!("frame larger than {} bytes", limits.max_frame))
+                        (1009, format!("frame larger than {} bytes", conn.state.config.live.max_frame))
                     } else {
                         (1002, format!("protocol error: {e}"))
                     };
                     break Some(reason);
                 }
             },
-            out = rx.recv() => match out {
-                Some(Out(frame, changes, _permit)) => {
-                    let send = sink.send(Message::Text(frame));
-                    tokio::pin!(send);
-                    let sent = tokio::select! {
-                        sent = &mut send => sent,
-                        _ = conn.slow.cancelled() => {
-                            // Finish the frame being written (a slow client may still read it),
-                            // so that the close reason's seq is exactly what the client got.
-                            conn.count_slow();
-                            match tokio::time::timeout(SLOW_PATIENCE, &mut send).await {
-                                Ok(sent) => sent,
-                                Err(_) => break None, // not reading at all: just drop it
-                            }
+            out = conn.queue.pop() => {
+                let Out(frame, changes, _permit) = out;
+                let send = sink.send(Message::Text(frame));
+                tokio::pin!(send);
+                let sent = tokio::select! {
+                    sent = &mut send => sent,
+                    _ = conn.slow.cancelled() => {
+                        // Finish the frame being written (a slow client may still read it),
+                        // so that the close reason's seq is exactly what the client got.
+                        conn.count_slow();
+                        match Box::pin(tokio::time::timeout(SLOW_PATIENCE, &mut send)).await {
+                            Ok(sent) => sent,
+                            Err(_) => break None, // not reading at all: just drop it
                         }
-                    };
-                    if sent.is_err() {
-                        break None;
                     }
-                    if let Some((channel, last)) = changes {
-                        if let Some(seq) = conn.written.get_mut(&*channel) {
-                            *seq = last;
-                        }
+                };
+                if sent.is_err() {
+                    break None;
+                }
+                if let Some((channel, last)) = changes {
+                    if let Some(seq) = conn.written.get_mut(&*channel) {
+                        *seq = last;
                     }
                 }
-                None => break None,
-            },
+            }
             _ = conn.slow.cancelled() => {
                 conn.count_slow();
                 break Some((CLOSE_SLOW, conn.slow_message()));
@@ -314,30 +426,49 @@ async fn connection(socket: WebSocket, state: AppState, query_token: Option<Stri
             _ = shutdown.cancelled() => break Some((CLOSE_GOING_AWAY, "the hub is shutting down; reconnect with your cursor".into())),
         }
     };
+    conn.queue.close();
     for task in conn.subscriptions.values() {
         task.abort();
     }
     if let Some((code, reason)) = closing {
-        tracing::debug!(code, %reason, "closing websocket");
-        // A slow client gets time to read what is in the socket before the close frame.
-        let patience = if code == CLOSE_SLOW {
-            SLOW_PATIENCE
-        } else {
-            Duration::from_secs(1)
-        };
-        if let Ok(Ok(())) = tokio::time::timeout(patience, sink.send(close(code, reason))).await {
-            // Complete the closing handshake: wait (briefly) for the client's close frame.
-            // Dropping the socket while the client's frames are still arriving would reset
-            // the connection, and a client can lose the close frame it had not read yet.
-            let _ = tokio::time::timeout(CLOSE_HANDSHAKE, async {
-                while let Some(Ok(message)) = stream.next().await {
-                    if matches!(message, Message::Close(_)) {
-                        break;
-                    }
+        Box::pin(close(sink, stream, code, reason)).await;
+    }
+}
+
+/// Sends the close frame `code` with `reason` and completes the closing handshake.
+async fn close(
+    mut sink: SplitSink<WebSocket, Message>,
+    mut stream: SplitStream<WebSocket>,
+    code: u16,
+    mut reason: String,
+) {
+    tracing::debug!(code, %reason, "closing websocket");
+    // A close reason holds at most 123 bytes.
+    while reason.len() > 123 {
+        reason.pop();
+    }
+    let frame = Message::Close(Some(CloseFrame {
+        code,
+        reason: reason.into(),
+    }));
+    // A slow client gets time to read what is in the socket before the close frame.
+    let patience = if code == CLOSE_SLOW {
+        SLOW_PATIENCE
+    } else {
+        Duration::from_secs(1)
+    };
+    if let Ok(Ok(())) = tokio::time::timeout(patience, sink.send(frame)).await {
+        // Complete the closing handshake: wait (briefly) for the client's close frame.
+        // Dropping the socket while the client's frames are still arriving would reset
+        // the connection, and a client can lose the close frame it had not read yet.
+        let _ = tokio::time::timeout(CLOSE_HANDSHAKE, async {
+            while let Some(Ok(message)) = stream.next().await {
+                if matches!(message, Message::Close(_)) {
+                    break;
                 }
-            })
-            .await;
-        }
+            }
+        })
+        .await;
     }
 }
 
@@ -374,7 +505,7 @@ impl Connection {
 
     /// Queues a control frame; a full queue means the client is too slow.
     fn reply(&self, frame: String) {
-        if self.queue.try_send(Out(frame.into(), None, None)).is_err() {
+        if self.queue.try_push(Out(frame.into(), None, None)).is_err() {
             self.slow.cancel();
         }
     }
@@ -463,7 +594,8 @@ impl Connection {
             slow_channel: self.slow_channel.clone(),
             connections: state.connections.clone(),
             budget: self.budget.clone(),
-            limits: state.config.live,
+            queue_bytes: state.config.live.queue_bytes,
+            stall: state.config.live.stall,
         };
         let task = tokio::spawn(follow(follower, Arc::from(channel.as_str()), outlet));
         self.subscriptions.insert(channel, task);
@@ -473,24 +605,21 @@ impl Connection {
 /// Where a subscription puts its frames: the connection's queue and byte budget, and how it
 /// says that the client is too slow.
 struct Outlet {
-    queue: mpsc::Sender<Out>,
+    queue: Arc<Queue>,
     slow: CancellationToken,
     slow_channel: Arc<Mutex<Option<Arc<str>>>>,
     connections: Arc<Connections>,
     budget: Arc<Semaphore>,
-    limits: LiveLimits,
+    /// `--ws-queue-bytes` and `--ws-stall` (not all of `LiveLimits`: this is kept in every
+    /// subscription's future).
+    queue_bytes: usize,
+    stall: Duration,
 }
 
 /// Runs one subscription: queues the follower's frames on the connection.
 async fn follow(mut follower: Follower, channel: Arc<str>, outlet: Outlet) {
-    let Outlet {
-        queue,
-        slow,
-        slow_channel,
-        connections,
-        budget,
-        limits,
-    } = outlet;
+    // The outlet's fields are used in place: destructured into locals, they would be stored
+    // twice in this future, which every subscription keeps for as long as it runs.
     loop {
         let event = match follower.next().await {
             Ok(Some(event)) => event,
@@ -504,45 +633,52 @@ async fn follow(mut follower: Follower, channel: Arc<str>, outlet: Outlet) {
                     Some(&channel),
                     "the store is unavailable; resubscribe with your cursor",
                 );
-                let _ = queue.send(Out(frame.into(), None, None)).await;
+                outlet.queue.push(Out(frame.into(), None, None)).await;
                 return;
             }
         };
         let last = event.changes().last().map(|c| (channel.clone(), c.seq));
         let frame = match &event {
-            Event::Live(n, 0) => connections.live_frame(n),
+            Event::Live(n, 0) => outlet.connections.live_frame(n),
             _ => frames::event(&channel, &event, follower.epoch()).into(),
         };
         // Every frame takes its size from the byte budget (at most all of it), given back
         // when it is written: a live frame that finds no room means the client is too slow; a
-        // replay waits for room, up to `stall`.
-        let cost = frame.len().clamp(1, limits.queue_bytes) as u32;
+        // replay waits for room, up to `stall` (that wait boxed: its timer would otherwise
+        // take room in this future for the whole life of the subscription).
+        let cost = frame.len().clamp(1, outlet.queue_bytes) as u32;
         let permit = if matches!(event, Event::Live(..)) {
-            budget.clone().try_acquire_many_owned(cost).ok()
+            outlet.budget.clone().try_acquire_many_owned(cost).ok()
         } else {
-            match tokio::time::timeout(limits.stall, budget.clone().acquire_many_owned(cost)).await
-            {
+            let room = outlet.budget.clone().acquire_many_owned(cost);
+            match Box::pin(tokio::time::timeout(outlet.stall, room)).await {
                 Ok(permit) => permit.ok(),
                 Err(_) => None,
             }
         };
         let Some(permit) = permit else {
-            *slow_channel.lock().unwrap_or_else(|e| e.into_inner()) = Some(channel);
-            slow.cancel();
+            *outlet
+                .slow_channel
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(channel);
+            outlet.slow.cancel();
             return;
         };
         let frame = Out(frame, last, Some(permit));
         if matches!(event, Event::Live(..)) {
-            match queue.try_send(frame) {
+            match outlet.queue.try_push(frame) {
                 Ok(()) => {}
-                Err(mpsc::error::TrySendError::Full(_)) => {
-                    *slow_channel.lock().unwrap_or_else(|e| e.into_inner()) = Some(channel);
-                    slow.cancel();
+                Err(TryAcquireError::NoPermits) => {
+                    *outlet
+                        .slow_channel
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner()) = Some(channel);
+                    outlet.slow.cancel();
                     return;
                 }
-                Err(mpsc::error::TrySendError::Closed(_)) => return,
+                Err(TryAcquireError::Closed) => return,
             }
-        } else if queue.send(frame).await.is_err() {
+        } else if !outlet.queue.push(frame).await {
             return;
         }
     }

@@ -146,7 +146,9 @@ impl Follower {
     /// The next event; `Ok(None)` when the channel's feed is gone (shutdown).
     pub async fn next(&mut self) -> Result<Option<Event>, StoreError> {
         if !self.checked {
-            if let Some(reset) = self.check().await? {
+            // Boxed: it runs once, and its state would otherwise take room in the future of
+            // every follower for as long as it follows.
+            if let Some(reset) = Box::pin(self.check()).await? {
                 return Ok(Some(reset));
             }
         }
