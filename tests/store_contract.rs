@@ -885,47 +885,6 @@ async fn check_items(s: &dyn Store, expected: &std::collections::BTreeMap<String
 /// A merge is appended only if nothing it read has moved; its items take their merged state,
 /// their changes record the conflicts, the conflicts are listed, and an update by the
 /// conflicting endpoint resolves them.
-/// Page blocks are kept per channel and block, replaced when put again, across a reopening,
-/// and dropped by a trim once every seq of theirs is removed (not before).
-pub async fn page_blocks_are_kept_until_trimmed_entirely(e: &dyn Engine) {
-    use changehub::model::PAGE_BLOCK;
-    let s = e.open();
-    let now = at("2024-01-01T00:00:00Z");
-    let n = (2 * PAGE_BLOCK + 10) as usize;
-    s.append("c", changes("r", n), None, now).await.unwrap();
-    for block in 0..3 {
-        s.put_page_block("c", block, format!("c{block}").into_bytes())
-            .await
-            .unwrap();
-    }
-    s.put_page_block("d", 0, b"d0".to_vec()).await.unwrap();
-    s.put_page_block("c", 2, b"c2 again".to_vec())
-        .await
-        .unwrap();
-    assert_eq!(s.page_block("c", 0).await.unwrap().unwrap(), b"c0");
-    assert_eq!(s.page_block("c", 2).await.unwrap().unwrap(), b"c2 again");
-    assert_eq!(s.page_block("c", 3).await.unwrap(), None);
-    assert_eq!(s.page_block("e", 0).await.unwrap(), None);
-    drop(s);
-    let s = e.open();
-    assert_eq!(s.page_block("c", 1).await.unwrap().unwrap(), b"c1");
-    // Keep the newest PAGE_BLOCK + 5: the oldest is then PAGE_BLOCK + 6, inside block 1.
-    let retention = Retention {
-        max_changes: PAGE_BLOCK + 5,
-        max_age: None,
-        list_size: 1,
-    };
-    s.trim("c", retention, now).await.unwrap();
-    assert_eq!(s.head("c").await.unwrap().oldest, PAGE_BLOCK + 6);
-    assert_eq!(
-        s.page_block("c", 0).await.unwrap(),
-        None,
-        "all its seqs went"
-    );
-    assert_eq!(s.page_block("c", 1).await.unwrap().unwrap(), b"c1");
-    assert_eq!(s.page_block("d", 0).await.unwrap().unwrap(), b"d0");
-}
-
 pub async fn bridge_cursors_are_kept_per_channel_and_bridge(e: &dyn Engine) {
     let s = e.open();
     assert_eq!(s.bridge_cursor("c", "xmpp").await.unwrap(), None);
@@ -1097,7 +1056,6 @@ macro_rules! contract_tests {
                 feedsync_items_follow_every_change,
                 merges_are_appended_only_onto_what_they_read,
                 bridge_cursors_are_kept_per_channel_and_bridge,
-                page_blocks_are_kept_until_trimmed_entirely,
             );
         }
     };

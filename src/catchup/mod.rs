@@ -420,16 +420,6 @@ async fn page_block(
     let first = number * pages::BLOCK + 1;
     let last = first + pages::BLOCK - 1;
     let complete = first >= head.oldest && last <= head.last;
-    if complete {
-        // Rendered before and kept beside the log? (A cache: a failure only costs a render.)
-        let kept = store.page_block(channel, number).await.ok().flatten();
-        let decoded = kept.and_then(|bytes| pages::Block::decode(&bytes, &origin.epoch));
-        if let Some(block) = decoded.filter(|b| b.first == first && b.last() == last) {
-            let block = Arc::new(block);
-            pages.keep(channel, &origin.epoch, number, block.clone());
-            return Ok(Some(block));
-        }
-    }
     let (from, upto) = if complete {
         (first, last)
     } else {
@@ -447,12 +437,8 @@ async fn page_block(
         ))
     })?;
     let block = Arc::new(block);
-    if complete && block.first == first && block.last() == last {
+    if complete {
         pages.keep(channel, &origin.epoch, number, block.clone());
-        let bytes = block.encode(&origin.epoch);
-        if let Err(e) = store.put_page_block(channel, number, bytes).await {
-            tracing::debug!(channel, block = number, error = %e, "cannot keep a rendered block");
-        }
     }
     Ok(Some(block))
 }

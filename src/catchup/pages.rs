@@ -5,23 +5,18 @@
 //! the same for every page that covers them, whatever its `after` and `limit`. A page is its
 //! header (rendered per request: its `from`, `until`, seq range and `next` link depend on it)
 //! and slices of blocks. Only complete blocks are kept: all of their seqs written and still
-//! retained. In memory up to [`CACHE_BYTES`] (the block used least recently goes first), and
-//! in the store beside the log ([`Block::encode`], `Store::put_page_block`), so that a page
-//! far back in a long log costs one read of rendered bytes, not a thousand changes decoded
-//! and rendered again.
+//! retained. Bounded by [`CACHE_BYTES`]; the block used least recently goes first.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use time::{OffsetDateTime, UtcOffset};
+use time::OffsetDateTime;
 
 use crate::model::Change;
 use crate::resourcesync::{self, RenderedEntries};
 
 /// Seqs per block.
-pub const BLOCK: u64 = crate::model::PAGE_BLOCK;
-/// The first bytes of an encoded block; another version of the rendering changes them.
-const MAGIC: &[u8; 4] = b"chb1";
+pub const BLOCK: u64 = 1_000;
 /// Most bytes of rendered entries kept, all channels together.
 pub const CACHE_BYTES: usize = 64 << 20;
 
@@ -54,82 +49,8 @@ impl Block {
         self.first + self.datetimes.len() as u64 - 1
     }
 
-    /// The block as the store keeps it: [`MAGIC`], the epoch of the log, the first seq, the
-    /// entries' ends and datetimes, then the rendered entries.
-    pub fn encode(&self, epoch: &str) -> Vec<u8> {
-        let n = self.datetimes.len();
-        let mut out = Vec::with_capacity(32 + epoch.len() + n * 24 + self.entries.bytes.len());
-        out.extend_from_slice(MAGIC);
-        out.push(epoch.len().min(255) as u8);
-        out.extend_from_slice(&epoch.as_bytes()[..epoch.len().min(255)]);
-        out.extend_from_slice(&self.first.to_le_bytes());
-        out.extend_from_slice(&(n as u32).to_le_bytes());
-        for end in &self.entries.ends {
-            out.extend_from_slice(&(*end as u32).to_le_bytes());
-        }
-        for dt in &self.datetimes {
-            out.extend_from_slice(&dt.unix_timestamp_nanos().to_le_bytes());
-            out.extend_from_slice(&dt.offset().whole_seconds().to_le_bytes());
-        }
-        out.extend_from_slice(&self.entries.bytes);
-        out
-    }
-
-    /// A block encoded by [`Block::encode`] for the log of `epoch`; `None` for anything else
-    /// (another epoch, another version, damaged bytes).
-    pub fn decode(bytes: &[u8], epoch: &str) -> Option<Block> {
-        let mut r = Reader(bytes);
-        if r.take(4)? != MAGIC {
-            return None;
-        }
-        let epoch_len = r.take(1)?[0] as usize;
-        if r.take(epoch_len)? != epoch.as_bytes() {
-            return None;
-        }
-        let first = u64::from_le_bytes(r.take(8)?.try_into().ok()?);
-        let n = u32::from_le_bytes(r.take(4)?.try_into().ok()?) as usize;
-        let mut ends = Vec::with_capacity(n);
-        for _ in 0..n {
-            ends.push(u32::from_le_bytes(r.take(4)?.try_into().ok()?) as usize);
-        }
-        let mut datetimes = Vec::with_capacity(n);
-        for _ in 0..n {
-            let nanos = i128::from_le_bytes(r.take(16)?.try_into().ok()?);
-            let offset = i32::from_le_bytes(r.take(4)?.try_into().ok()?);
-            let dt = OffsetDateTime::from_unix_timestamp_nanos(nanos).ok()?;
-            datetimes.push(dt.to_offset(UtcOffset::from_whole_seconds(offset).ok()?));
-        }
-        let rendered = r.0;
-        let ordered = ends.windows(2).all(|w| w[0] <= w[1]);
-        if n == 0 || !ordered || ends.last() != Some(&rendered.len()) {
-            return None;
-        }
-        Some(Block {
-            first,
-            entries: RenderedEntries {
-                bytes: rendered.to_vec(),
-                ends,
-            },
-            datetimes,
-        })
-    }
-
     fn bytes(&self) -> usize {
         self.entries.bytes.len() + self.entries.ends.len() * 8 + self.datetimes.len() * 16
-    }
-}
-
-/// Reads an encoded block front to back.
-struct Reader<'a>(&'a [u8]);
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        if self.0.len() < n {
-            return None;
-        }
-        let (head, rest) = self.0.split_at(n);
-        self.0 = rest;
-        Some(head)
     }
 }
 
@@ -275,28 +196,6 @@ mod tests {
         cache.forget("c");
         assert!(cache.get("c", "e1", 1).is_none());
         assert_eq!(cache.inner.lock().unwrap().bytes, 0);
-    }
-
-    #[test]
-    fn blocks_encoded_for_the_store_decode_to_the_same_block_of_the_same_epoch_only() {
-        let mut changes = changes(BLOCK + 1, 3);
-        changes[1].datetime = OffsetDateTime::UNIX_EPOCH
-            .to_offset(UtcOffset::from_hms(2, 0, 0).unwrap())
-            + time::Duration::nanoseconds(123_456_789);
-        let block = Block::render(&changes).unwrap();
-        let bytes = block.encode("e1");
-        let back = Block::decode(&bytes, "e1").unwrap();
-        assert_eq!(back.first, block.first);
-        assert_eq!(back.entries.bytes, block.entries.bytes);
-        assert_eq!(back.entries.ends, block.entries.ends);
-        assert_eq!(back.datetimes, block.datetimes);
-        assert_eq!(back.datetimes[1].offset(), changes[1].datetime.offset());
-        assert!(Block::decode(&bytes, "e2").is_none(), "another epoch");
-        assert!(
-            Block::decode(&bytes[..bytes.len() - 1], "e1").is_none(),
-            "cut short"
-        );
-        assert!(Block::decode(b"chb0", "e1").is_none());
     }
 
     #[test]

@@ -257,16 +257,6 @@ pub const DEFAULT_LIST_SIZE: u64 = 10_000;
 /// The most changes a closed Change List may hold (a Sitemap holds at most 50,000 URLs).
 pub const MAX_LIST_SIZE: u64 = 50_000;
 
-/// Seqs per block of rendered `changes?after=` entries: block k holds the seqs
-/// k·PAGE_BLOCK + 1 ..= (k+1)·PAGE_BLOCK. The stores keep such blocks beside the log
-/// ([`crate::store::Store::put_page_block`]) and drop those retention trimmed entirely.
-pub const PAGE_BLOCK: u64 = 1_000;
-
-/// The blocks of [`PAGE_BLOCK`] seqs that lie entirely before `oldest`: 0..this.
-pub fn blocks_before(oldest: u64) -> u64 {
-    oldest.saturating_sub(1) / PAGE_BLOCK
-}
-
 /// Where a channel's log is cut into Change Lists of `size` changes (see [`Retention`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lists {

@@ -24,8 +24,8 @@ pub use change::{
     MAX_ATTR_LEN, MAX_LINKS, MAX_URI_LEN,
 };
 pub use channel::{
-    blocks_before, valid_channel_name, ChannelSpec, DumpSettings, Lists, Publisher, Retention,
-    DEFAULT_LIST_SIZE, DEFAULT_PUBLISHER, MAX_LIST_SIZE, PAGE_BLOCK,
+    valid_channel_name, ChannelSpec, DumpSettings, Lists, Publisher, Retention, DEFAULT_LIST_SIZE,
+    DEFAULT_PUBLISHER, MAX_LIST_SIZE,
 };
 pub use notification::Notification;
 pub use signature::Algorithm;

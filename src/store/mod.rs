@@ -285,18 +285,6 @@ pub trait Store: Send + Sync + 'static {
     /// The last seq `bridge` passed on for `channel`; `None` when it never recorded one.
     async fn bridge_cursor(&self, channel: &str, bridge: &str) -> Result<Option<u64>, StoreError>;
 
-    /// Keeps `bytes` (rendered `changes?after=` entries of the seqs of block `block`, see
-    /// [`crate::model::PAGE_BLOCK`]; opaque here) beside the channel's log. A cache: written
-    /// without fsync, and `trim` drops the blocks whose seqs it removed all of.
-    async fn put_page_block(
-        &self,
-        channel: &str,
-        block: u64,
-        bytes: Vec<u8>,
-    ) -> Result<(), StoreError>;
-    /// The bytes kept for block `block` of `channel`, if any.
-    async fn page_block(&self, channel: &str, block: u64) -> Result<Option<Vec<u8>>, StoreError>;
-
     /// Succeeds when the store can serve requests (readiness).
     async fn ping(&self) -> Result<(), StoreError>;
 

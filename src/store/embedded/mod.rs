@@ -47,7 +47,6 @@ mod feedsync;
 mod file;
 mod handle;
 mod index;
-mod pages;
 use file::DiskFull;
 use handle::Handle;
 use index::IndexWriter;
@@ -629,12 +628,6 @@ impl Store for EmbeddedStore {
                     log.remove((channel.as_str(), seq)).map_err(failed)?;
                 }
                 if removed > 0 {
-                    pages::drop_blocks(
-                        &txn,
-                        &channel,
-                        crate::model::blocks_before(meta.oldest),
-                        crate::model::blocks_before(new_oldest),
-                    )?;
                     meta.oldest = new_oldest;
                     meta_table
                         .insert(channel.as_str(), encode(&meta)?.as_slice())
@@ -854,23 +847,6 @@ impl Store for EmbeddedStore {
     ) -> Result<(), StoreError> {
         let (channel, bridge) = (channel.to_string(), bridge.to_string());
         self.blocking(true, move |db| bridges::put(db, &channel, &bridge, seq))
-            .await
-    }
-
-    async fn put_page_block(
-        &self,
-        channel: &str,
-        block: u64,
-        bytes: Vec<u8>,
-    ) -> Result<(), StoreError> {
-        let channel = channel.to_string();
-        self.blocking(true, move |db| pages::put(db, &channel, block, &bytes))
-            .await
-    }
-
-    async fn page_block(&self, channel: &str, block: u64) -> Result<Option<Vec<u8>>, StoreError> {
-        let channel = channel.to_string();
-        self.blocking(false, move |db| pages::get(db, &channel, block))
             .await
     }
 

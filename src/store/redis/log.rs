@@ -323,10 +323,8 @@ pub(super) async fn trim(
             .key(key(channel, "meta"))
             .key(key(channel, "idem"))
             .key(key(channel, "idem-at"))
-            .key(key(channel, "pages"))
             .arg(wanted)
             .arg(forget_before)
-            .arg(crate::model::PAGE_BLOCK)
             .invoke_async(&mut conn),
     )
     .await?;

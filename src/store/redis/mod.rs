@@ -79,7 +79,6 @@ mod feedsync;
 mod index;
 mod leases;
 mod log;
-mod pages;
 mod subscriptions;
 
 pub use conn::{Target, CLUSTER_SCHEME};
@@ -369,19 +368,6 @@ impl Store for RedisStore {
 
     async fn bridge_cursor(&self, channel: &str, bridge: &str) -> Result<Option<u64>, StoreError> {
         bridges::get(self, channel, bridge).await
-    }
-
-    async fn put_page_block(
-        &self,
-        channel: &str,
-        block: u64,
-        bytes: Vec<u8>,
-    ) -> Result<(), StoreError> {
-        pages::put(self, channel, block, bytes).await
-    }
-
-    async fn page_block(&self, channel: &str, block: u64) -> Result<Option<Vec<u8>>, StoreError> {
-        pages::get(self, channel, block).await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
