@@ -257,7 +257,7 @@ const COUNTS_FOR: Duration = Duration::from_secs(1);
 
 /// How many subscriptions each topic and each callback host has, as the caps
 /// (`--max-subscriptions-per-topic` and `-per-host`) see them: read from the store at most
-/// once per [`COUNTS_FOR`] (not once per request, which would make a burst of N requests
+/// once per `COUNTS_FOR` (not once per request, which would make a burst of N requests
 /// read N·N subscriptions), and counted up here for every new subscription let through
 /// meanwhile, so that a burst cannot pass a cap between two reads. A removal here reads them
 /// again ([`SubscriptionCounts::forget`]); one on another instance shows at the next read.
