@@ -465,6 +465,27 @@ mod tests {
         assert_eq!(post(&mut allowed, &to).await.unwrap().status, 200);
     }
 
+    /// An `https` callback goes through TLS: a server that answers in plain HTTP fails the
+    /// handshake (and nothing is taken for an answer).
+    #[tokio::test]
+    async fn https_callbacks_are_spoken_to_in_tls() {
+        let settings = Settings::new(true, Duration::from_secs(5));
+        assert!(settings.tls().is_ok(), "the TLS set-up");
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let _ = stream
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                    .await;
+            }
+        });
+        let to = callback(&format!("https://127.0.0.1:{port}/cb"));
+        let mut conn = CallbackConn::new(settings);
+        let e = post(&mut conn, &to).await.unwrap_err();
+        assert!(matches!(e, CallbackError::Handshake(..)), "{e}");
+    }
+
     #[test]
     fn callbacks_are_parsed_once_into_origin_and_target() {
         let c = callback("https://example.com/a/b?c=d&e");
