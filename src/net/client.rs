@@ -113,6 +113,10 @@ impl Resolve for PublicOnlyResolver {
 /// by verification, delivery and external-topic fetches (one connection pool).
 pub fn outbound_client(allow_private: bool, timeout: Duration) -> reqwest::Client {
     let mut builder = reqwest::Client::builder()
+        // Straight to the target, as the delivery connections (net::callback) go: through a
+        // proxy (HTTP_PROXY …) the resolver would see the proxy's name, not the target's, and
+        // the address rule would not hold.
+        .no_proxy()
         .redirect(reqwest::redirect::Policy::none())
         .timeout(timeout)
         .connect_timeout(timeout.min(Duration::from_secs(10)))
