@@ -54,31 +54,29 @@ fn change(base: &str, rel: &str, kind: &str) -> serde_json::Value {
     serde_json::json!({"loc": format!("{base}{rel}"), "change": kind})
 }
 
-/// The dumps `changedump.xml` lists (following the index when it is one).
-async fn listed(client: &reqwest::Client, base: &str) -> Vec<DumpEntry> {
-    let url = format!("{base}/channels/{CHANNEL}/changedump.xml");
-    let body = client
-        .get(&url)
-        .send()
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .unwrap();
-    match parse_document(&body, &Limits::default()).unwrap() {
+/// The Change Dump document of `channel` on the hub at `base`.
+fn dumps_url(base: &str, channel: &str) -> String {
+    format!("{base}/channels/{channel}/changedump.xml")
+}
+
+/// GETs `url` (with `token` as bearer when given) and parses it as a ResourceSync document.
+async fn document(client: &reqwest::Client, url: &str, token: Option<&str>) -> Document {
+    let mut request = client.get(url);
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    let body = request.send().await.unwrap().bytes().await.unwrap();
+    parse_document(&body, &Limits::default()).unwrap()
+}
+
+/// The dumps the Change Dump document at `url` lists (following the index when it is one).
+async fn listed(client: &reqwest::Client, url: &str, token: Option<&str>) -> Vec<DumpEntry> {
+    match document(client, url, token).await {
         Document::ChangeDump { entries, .. } => entries,
         Document::ChangeDumpIndex { entries, .. } => {
             let mut all = Vec::new();
             for page in entries {
-                let body = client
-                    .get(&page.loc)
-                    .send()
-                    .await
-                    .unwrap()
-                    .bytes()
-                    .await
-                    .unwrap();
-                match parse_document(&body, &Limits::default()).unwrap() {
+                match document(client, &page.loc, token).await {
                     Document::ChangeDump { header, entries } => {
                         assert!(header.links.iter().any(|l| l.rel == "index"));
                         all.extend(entries)
@@ -92,12 +90,17 @@ async fn listed(client: &reqwest::Client, base: &str) -> Vec<DumpEntry> {
     }
 }
 
-async fn wait_dumps(client: &reqwest::Client, base: &str, n: usize) -> Vec<DumpEntry> {
+async fn wait_dumps(
+    client: &reqwest::Client,
+    url: &str,
+    token: Option<&str>,
+    n: usize,
+) -> Vec<DumpEntry> {
     wait_until(&format!("{n} Change Dumps listed"), WAIT, || async {
-        listed(client, base).await.len() >= n
+        listed(client, url, token).await.len() >= n
     })
     .await;
-    listed(client, base).await
+    listed(client, url, token).await
 }
 
 /// A downloaded and unzipped dump: its files by path (with the leading `/`), and its
@@ -273,7 +276,7 @@ async fn dumps_by_count(redis: Option<String>) {
     let caps = hub
         .text(&format!("/channels/{CHANNEL}/capabilitylist.xml"))
         .await;
-    let dump_url = format!("{}/channels/{CHANNEL}/changedump.xml", hub.url);
+    let dump_url = dumps_url(&hub.url, CHANNEL);
     assert!(caps.contains(&format!("<loc>{dump_url}</loc>")), "{caps}");
     assert!(caps.contains("capability=\"changedump\""));
     let public: serde_json::Value = hub
@@ -321,11 +324,13 @@ async fn dumps_by_count(redis: Option<String>) {
     )
     .await;
     // Not yet: five changes are fewer than a dump holds.
-    assert!(listed(&hub.client, &hub.url).await.is_empty());
+    assert!(listed(&hub.client, &dumps_url(&hub.url, CHANNEL), None)
+        .await
+        .is_empty());
     std::fs::remove_file(src.path().join("gone.txt")).unwrap();
     push(&hub, vec![change(&base, "gone.txt", "deleted")]).await;
 
-    let dumps = wait_dumps(&hub.client, &hub.url, 1).await;
+    let dumps = wait_dumps(&hub.client, &dumps_url(&hub.url, CHANNEL), None, 1).await;
     assert_eq!(dumps.len(), 1);
     let first = &dumps[0];
     assert_eq!(first.seq_range, Some((1, 6)));
@@ -416,7 +421,7 @@ async fn dumps_by_count(redis: Option<String>) {
         changes.push(change(&base, &rel, "created"));
     }
     push(&hub, changes).await;
-    let dumps = wait_dumps(&hub.client, &hub.url, 2).await;
+    let dumps = wait_dumps(&hub.client, &dumps_url(&hub.url, CHANNEL), None, 2).await;
     let second = &dumps[1];
     assert_eq!(second.seq_range, Some((7, 12)));
     assert_eq!(second.skipped, Some(1));
@@ -457,13 +462,13 @@ async fn dumps_by_count(redis: Option<String>) {
     }
     push(&hub, changes).await;
     wait_until("the third dump listed", WAIT, || async {
-        listed(&hub.client, &hub.url)
+        listed(&hub.client, &dumps_url(&hub.url, CHANNEL), None)
             .await
             .iter()
             .any(|d| d.seq_range == Some((13, 18)))
     })
     .await;
-    let dumps = listed(&hub.client, &hub.url).await;
+    let dumps = listed(&hub.client, &dumps_url(&hub.url, CHANNEL), None).await;
     // Retention keeps two: the first dump is gone, its files too.
     let ranges: Vec<_> = dumps.iter().map(|d| d.seq_range.unwrap()).collect();
     assert_eq!(ranges, vec![(7, 12), (13, 18)]);
@@ -484,7 +489,7 @@ async fn dumps_by_count(redis: Option<String>) {
 
     // Two dumps per document: the second and third are on two pages, so changedump.xml is
     // a Change Dump Index (`listed` followed it).
-    let dump_url = format!("{}/channels/{CHANNEL}/changedump.xml", hub.url);
+    let dump_url = dumps_url(&hub.url, CHANNEL);
     let index = hub
         .client
         .get(&dump_url)
@@ -532,32 +537,14 @@ async fn a_dump_by_interval_of_a_private_channel() {
         ],
     )
     .await;
-    let url = format!("{}/channels/{CHANNEL}/changedump.xml", hub.url);
+    let url = dumps_url(&hub.url, CHANNEL);
     assert_eq!(
         hub.client.get(&url).send().await.unwrap().status(),
         StatusCode::UNAUTHORIZED
     );
-    let read = || async {
-        let body = hub
-            .client
-            .get(&url)
-            .bearer_auth("reader")
-            .send()
-            .await
-            .unwrap()
-            .bytes()
-            .await
-            .unwrap();
-        match parse_document(&body, &Limits::default()).unwrap() {
-            Document::ChangeDump { entries, .. } => entries,
-            other => panic!("{other:?}"),
-        }
-    };
-    wait_until("a dump after the interval", WAIT, || async {
-        !read().await.is_empty()
-    })
-    .await;
-    let dump = read().await.remove(0);
+    let dump = wait_dumps(&hub.client, &url, Some("reader"), 1)
+        .await
+        .remove(0);
     assert_eq!(dump.seq_range, Some((1, 2)));
     // The package needs the token too.
     assert_eq!(
@@ -597,7 +584,7 @@ async fn a_dump_by_interval_of_a_private_channel() {
     // A channel without dumps has none.
     let resp = hub
         .client
-        .get(format!("{}/channels/nope/changedump.xml", hub.url))
+        .get(dumps_url(&hub.url, "nope"))
         .send()
         .await
         .unwrap();
@@ -630,7 +617,7 @@ async fn channels_of_the_admin_api_can_have_dumps() {
     }
     let resp = hub
         .client
-        .get(format!("{}/channels/photos/changedump.xml", hub.url))
+        .get(dumps_url(&hub.url, "photos"))
         .send()
         .await
         .unwrap();
@@ -677,34 +664,8 @@ async fn channels_of_the_admin_api_can_have_dumps() {
         .await
         .unwrap();
     assert_eq!(resp.status(), StatusCode::ACCEPTED);
-    let url = format!("{}/channels/photos/changedump.xml", hub.url);
-    wait_until("a dump of the runtime channel", WAIT, || async {
-        let body = hub
-            .client
-            .get(&url)
-            .send()
-            .await
-            .unwrap()
-            .bytes()
-            .await
-            .unwrap();
-        matches!(parse_document(&body, &Limits::default()),
-            Ok(Document::ChangeDump { entries, .. }) if !entries.is_empty())
-    })
-    .await;
-    let body = hub
-        .client
-        .get(&url)
-        .send()
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .unwrap();
-    let Document::ChangeDump { entries, .. } = parse_document(&body, &Limits::default()).unwrap()
-    else {
-        panic!("not a Change Dump");
-    };
+    let url = dumps_url(&hub.url, "photos");
+    let entries = wait_dumps(&hub.client, &url, None, 1).await;
     // The resource the source does not have (404) is left out and counted.
     assert_eq!(entries[0].seq_range, Some((2, 3)));
     assert_eq!(entries[0].skipped, Some(1));
@@ -754,7 +715,7 @@ async fn two_instances_share_the_dumps_of_a_channel() {
     let b = HubProcess::start(&flags).await;
     let client = reqwest::Client::new();
     let receiver = Receiver::start(Behaviour::default()).await;
-    let topic = format!("{}/channels/{CHANNEL}/changedump.xml", b.url);
+    let topic = dumps_url(&b.url, CHANNEL);
     let (status, text) = hub_request_at(
         &client,
         &b.url,
@@ -781,7 +742,7 @@ async fn two_instances_share_the_dumps_of_a_channel() {
         .unwrap();
     assert_eq!(resp.status(), StatusCode::ACCEPTED);
     for hub in [&a.url, &b.url] {
-        let dumps = wait_dumps(&client, hub, 1).await;
+        let dumps = wait_dumps(&client, &dumps_url(hub, CHANNEL), None, 1).await;
         assert_eq!(dumps[0].seq_range, Some((1, 3)));
         let unzipped = download(&client, &dumps[0]).await;
         assert_equals_source(&unzipped, &base, src.path());
