@@ -77,28 +77,38 @@ pub struct Log<'a> {
 }
 
 impl Log<'_> {
-    /// The header of a Change List of `changes` from this log: its epoch, its seq range, the
-    /// links every Change List carries (then `more_links`), `from` and `until`.
+    /// The header of a Change List of the seqs `seq_range` from this log: its epoch, the links
+    /// every Change List carries (then `more_links`), `from` and `until`.
+    fn header(
+        &self,
+        seq_range: Option<(u64, u64)>,
+        from: Option<OffsetDateTime>,
+        until: Option<OffsetDateTime>,
+        more_links: Option<DocLink>,
+    ) -> ChangeListHeader {
+        let mut links = change_list_links(self.urls, self.channel);
+        links.extend(more_links);
+        ChangeListHeader {
+            epoch: Some(self.origin.epoch.clone()),
+            from,
+            until,
+            links,
+            seq_range,
+        }
+    }
+
+    /// A Change List of `changes` from this log (see [`Log::header`]).
     fn change_list(
         &self,
         changes: &[Change],
         from: Option<OffsetDateTime>,
         until: Option<OffsetDateTime>,
-        more_links: Option<DocLink>,
     ) -> Vec<u8> {
-        let mut links = change_list_links(self.urls, self.channel);
-        links.extend(more_links);
-        let header = ChangeListHeader {
-            epoch: Some(self.origin.epoch.clone()),
-            from,
-            until,
-            links,
-            seq_range: changes
-                .first()
-                .zip(changes.last())
-                .map(|(f, l)| (f.seq, l.seq)),
-        };
-        resourcesync::write_change_list(&header, changes)
+        let seq_range = changes
+            .first()
+            .zip(changes.last())
+            .map(|(f, l)| (f.seq, l.seq));
+        resourcesync::write_change_list(&self.header(seq_range, from, until, None), changes)
     }
 }
 
@@ -155,7 +165,7 @@ pub async fn changelist(log: Log<'_>) -> Result<Vec<u8>, StoreError> {
         (None, Some(first)) => first.datetime,
         (None, None) => origin.created,
     };
-    Ok(log.change_list(&changes, Some(from), None, None))
+    Ok(log.change_list(&changes, Some(from), None))
 }
 
 /// The links every Change List of `channel` carries: up to its Capability List, and to its
@@ -201,7 +211,7 @@ pub async fn closed_list(log: Log<'_>, first: u64, last: u64) -> Result<Vec<u8>,
     }
     let from = changes.first().map(|c| c.datetime);
     let until = changes.last().map(|c| c.datetime);
-    Ok(log.change_list(&changes, from, until, None))
+    Ok(log.change_list(&changes, from, until))
 }
 
 /// Closed Change Lists per Change List Archive document; beyond that the archive becomes an
@@ -367,8 +377,8 @@ pub async fn changes_after(
         seq = block.last() + 1;
         blocks.push(block);
     }
-    // The last seq of the page: the blocks may reach beyond it.
-    let last = (seq - 1).min(end).max(after);
+    // The last seq of the page (the blocks may reach beyond it).
+    let last = end;
     let next = (last < head.last).then(|| urls.changes_after(channel, last, limit));
     let mut parts = Vec::with_capacity(blocks.len());
     for block in &blocks {
@@ -382,15 +392,12 @@ pub async fn changes_after(
             .find(|b| (b.first..=b.last()).contains(&seq))
             .map(|b| b.datetimes[(seq - b.first) as usize])
     };
-    let mut links = change_list_links(urls, channel);
-    links.extend(next.as_ref().map(|n| DocLink::new("next", n.clone())));
-    let header = ChangeListHeader {
-        epoch: Some(origin.epoch.clone()),
-        from: datetime(after + 1),
-        until: datetime(last),
-        links,
-        seq_range: (last > after).then_some((after + 1, last)),
-    };
+    let header = log.header(
+        (last > after).then_some((after + 1, last)),
+        datetime(after + 1),
+        datetime(last),
+        next.as_ref().map(|n| DocLink::new("next", n.clone())),
+    );
     Ok(Page {
         body: resourcesync::write_change_list_of(&header, &parts),
         next,

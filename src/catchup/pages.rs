@@ -157,23 +157,13 @@ impl PageCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::ChangeType;
+    use crate::model::{ChangeType, NewChange};
 
     fn changes(first: u64, n: u64) -> Vec<Change> {
-        let at = OffsetDateTime::UNIX_EPOCH;
         (first..first + n)
-            .map(|seq| Change {
-                seq,
-                loc: format!("http://example.com/{seq}"),
-                change: ChangeType::Updated,
-                datetime: at,
-                lastmod: None,
-                hash: None,
-                length: None,
-                media_type: None,
-                links: vec![],
-                source: None,
-                conflicts: 0,
+            .map(|seq| {
+                let new = NewChange::new(format!("http://example.com/{seq}"), ChangeType::Updated);
+                Change::from_new(seq, new, OffsetDateTime::UNIX_EPOCH)
             })
             .collect()
     }
