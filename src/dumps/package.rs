@@ -103,17 +103,7 @@ async fn fetch(
     loop {
         match fetch_once(client, &url, max).await {
             Ok((bytes, media_type)) => {
-                if let Some(length) = change.length {
-                    if bytes.len() as u64 != length {
-                        return Err(format!(
-                            "length is {}, the change says {length}",
-                            bytes.len()
-                        ));
-                    }
-                }
-                if let Some(expected) = &change.hash {
-                    hash::check(expected, &bytes).map_err(|why| format!("hash: {why}"))?;
-                }
+                hash::check_change(change, &bytes)?;
                 return Ok((bytes, media_type));
             }
             Err((why, transient)) if transient && attempt < ATTEMPTS => {

@@ -57,9 +57,44 @@ pub fn check(expected: &str, bytes: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
+/// Checks fetched `bytes` against what `change` says of them: its `length`, then its `hash`
+/// (either may be absent). The reason when they differ.
+pub fn check_change(change: &crate::model::Change, bytes: &[u8]) -> Result<(), String> {
+    if let Some(length) = change.length {
+        if bytes.len() as u64 != length {
+            return Err(format!(
+                "{} bytes, not the {length} the change says",
+                bytes.len()
+            ));
+        }
+    }
+    match &change.hash {
+        Some(expected) => check(expected, bytes).map_err(|why| format!("hash: {why}")),
+        None => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn changes_are_checked_by_length_then_hash() {
+        use crate::model::{Change, ChangeType, NewChange};
+        let at = time::OffsetDateTime::UNIX_EPOCH;
+        let mut change = Change::from_new(1, NewChange::new("http://e/x", ChangeType::Created), at);
+        assert!(check_change(&change, b"abc").is_ok(), "nothing to check");
+        change.length = Some(4);
+        let why = check_change(&change, b"abc").unwrap_err();
+        assert_eq!(why, "3 bytes, not the 4 the change says");
+        change.length = Some(3);
+        change.hash = Some(of(b"abd"));
+        assert!(check_change(&change, b"abc")
+            .unwrap_err()
+            .starts_with("hash: md5 is"));
+        change.hash = Some(of(b"abc"));
+        assert!(check_change(&change, b"abc").is_ok());
+    }
 
     #[test]
     fn known_digests_and_checks() {

@@ -300,17 +300,7 @@ impl Mirror {
             .bytes()
             .await
             .map_err(|e| format!("reading the body: {e}"))?;
-        if let Some(length) = change.length {
-            if bytes.len() as u64 != length {
-                return Err(format!(
-                    "{} bytes, not the {length} the change says",
-                    bytes.len()
-                ));
-            }
-        }
-        if let Some(expected) = &change.hash {
-            hash::check(expected, &bytes).map_err(|why| format!("hash: {why}"))?;
-        }
+        hash::check_change(change, &bytes)?;
         Ok(bytes)
     }
 
