@@ -58,7 +58,7 @@ impl Target {
         );
         let mut headers = HeaderMap::new();
         headers.insert(LINK, header_value(link));
-        headers.insert(CHANNEL, header_value(sub.channel.clone()));
+        headers.insert(CHANNEL, header_value(sub.channel.as_str()));
         Target {
             callback,
             headers,
@@ -69,7 +69,10 @@ impl Target {
 
 /// A header value from text the hub made or checked (URLs, channel names); a value that is
 /// not one (never expected) is sent empty rather than failing the delivery.
-fn header_value(s: String) -> HeaderValue {
+fn header_value<T>(s: T) -> HeaderValue
+where
+    HeaderValue: TryFrom<T>,
+{
     HeaderValue::try_from(s).unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
@@ -136,17 +139,17 @@ pub(super) async fn post(
     headers.insert(DELIVERY, delivery_id.clone());
     headers.insert(WEBHOOK_ID, delivery_id);
     for extra in payload.extra_links {
-        headers.append(LINK, header_value(extra.clone()));
+        headers.append(LINK, header_value(extra.as_str()));
     }
     if let Some(ct) = payload.content_type {
-        headers.insert(CONTENT_TYPE, header_value(ct.to_string()));
+        headers.insert(CONTENT_TYPE, header_value(ct));
     }
     if let Some((first, last)) = payload.seqs {
         headers.insert(FIRST, HeaderValue::from(first));
         headers.insert(LAST, HeaderValue::from(last));
     }
     if let Some(epoch) = payload.epoch {
-        headers.insert(EPOCH, header_value(epoch.to_string()));
+        headers.insert(EPOCH, header_value(epoch));
     }
     if let Some(secret) = &sub.secret {
         let value = signature::signature(sub.algorithm, secret.as_bytes(), &payload.body);
