@@ -386,18 +386,29 @@ impl Dumper {
     pub async fn run(self, stop: CancellationToken) {
         let started = OffsetDateTime::now_utc();
         let mut head_rx = self.store.watch_head(&self.channel);
+        // The position, read from the store when this instance does not own the channel, after
+        // each dump, failure or timed wait — not at every move of the head: while it owns the
+        // channel, this instance alone makes its dumps. (Should another instance have made one
+        // in between all the same, the dump's idempotency key keeps it listed once.)
+        let mut known = None;
         loop {
             let Some(settings) = self.settings() else {
                 tracing::info!(channel = %self.channel, "Change Dumps stopped");
                 return;
             };
             let mut wait = Duration::from_secs(1);
-            if self.ownership.owns(&self.channel) {
+            if !self.ownership.owns(&self.channel) {
+                known = None;
+            } else {
                 let head = *head_rx.borrow_and_update();
-                match self.step(&settings, started, head).await {
+                match self.step(&settings, started, head, &mut known).await {
                     Ok(Some(next)) => wait = next,
-                    Ok(None) => continue,
+                    Ok(None) => {
+                        known = None;
+                        continue;
+                    }
                     Err(e) => {
+                        known = None;
                         tracing::warn!(channel = %self.channel, error = %e, "cannot make a Change Dump; trying again");
                         wait = RETRY_AFTER;
                     }
@@ -414,7 +425,7 @@ impl Dumper {
                         }
                     }
                 }
-                _ = tokio::time::sleep(wait) => {}
+                _ = tokio::time::sleep(wait) => known = None,
             }
         }
     }
@@ -426,8 +437,12 @@ impl Dumper {
         settings: &DumpSettings,
         started: OffsetDateTime,
         head: u64,
+        known: &mut Option<(u64, Option<OffsetDateTime>)>,
     ) -> Result<Option<Duration>, DumpError> {
-        let (after, last_made) = self.position().await?;
+        let (after, last_made) = match *known {
+            Some(position) => position,
+            None => *known.insert(self.position().await?),
+        };
         let pending = head.saturating_sub(after);
         if pending == 0 {
             return Ok(Some(Duration::from_secs(60)));
