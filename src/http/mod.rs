@@ -43,6 +43,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tower_http::compression::predicate::{DefaultPredicate, Predicate, SizeAbove};
 use tower_http::compression::CompressionLayer;
 
 use crate::batcher::Feeds;
@@ -115,7 +116,12 @@ pub fn router(state: AppState) -> Router {
             get(catchup::source_description),
         )
         .route("/channels/{name}/changedump.xml", get(dumps::change_dump))
-        .layer(CompressionLayer::new());
+        // Rendered documents carry their own gzip form (`rendered`); anything else under
+        // `rendered::GZIP_FROM` bytes goes as it is (a compressor's state costs more to set up
+        // than a small body saves).
+        .layer(CompressionLayer::new().compress_when(
+            DefaultPredicate::new().and(SizeAbove::new(rendered::GZIP_FROM as u16)),
+        ));
     let routes = Router::new()
         // ZIPs are compressed already, and served as they are.
         .route("/channels/{name}/changedump/{file}", get(dumps::dump_file))

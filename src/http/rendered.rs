@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 /// Most bytes of closed lists kept.
 pub const CLOSED_BYTES: usize = 64 << 20;
 /// Smaller documents are sent as they are (gzip saves little there).
-const GZIP_FROM: usize = 1024;
+pub const GZIP_FROM: usize = 1024;
 
 /// One rendered document, and its gzip form once a client asked for it.
 pub struct Rendered {

@@ -561,15 +561,13 @@ impl Store for EmbeddedStore {
     }
 
     async fn head(&self, channel: &str) -> Result<ChannelHead, StoreError> {
-        let channel = channel.to_string();
-        self.blocking(false, move |db| {
-            let meta = channel_meta(db, &channel)?;
-            Ok(ChannelHead {
-                oldest: meta.oldest,
-                last: meta.last,
-            })
+        // One small record, read on the caller's thread: a trip through the blocking pool
+        // would cost more than the read (every topic request asks for the head).
+        let meta = self.read_now(|db| channel_meta(db, channel))?;
+        Ok(ChannelHead {
+            oldest: meta.oldest,
+            last: meta.last,
         })
-        .await
     }
 
     fn watch_head(&self, channel: &str) -> watch::Receiver<u64> {
