@@ -1,14 +1,15 @@
 //! `GET /ws`: channels followed over a websocket.
 //!
-//! One task per connection owns the socket: it reads client frames, writes queued frames and
-//! pings. One task per channel subscription runs a [`Follower`] and queues its frames on the
-//! connection's bounded queue, each frame taking its size from the connection's byte budget
-//! (`--ws-queue-bytes`) until it is written. Replay waits for room (the log is the buffer), up
-//! to `--ws-stall`; live frames never wait. A live frame that finds no room, or a replay that
-//! waited too long, means the client is too slow: the connection is closed with code 4008 and
-//! a reason naming the last seq written to the socket for that channel — where the client
-//! resumes (frames still queued are dropped, never half-sent). So a connection holds at most
-//! its budget of frames, whatever it asks for.
+//! One task per connection does everything: it reads client frames, polls the followers of
+//! its channel subscriptions (each a [`Follower`] owned by a boxed future, no task of its own),
+//! queues their frames and writes them, and pings. The queue holds at most `--ws-queue`
+//! frames and `--ws-queue-bytes` of them, each frame taking its size from that budget until
+//! it is written. Replay waits for room (the log is the buffer), up to `--ws-stall`; live
+//! frames never wait. A live frame that finds no room, or a replay that waited too long, means
+//! the client is too slow: the connection is closed with code 4008 and a reason naming the
+//! last seq written to the socket for that channel — where the client resumes (frames still
+//! queued are dropped, never half-sent). So a connection holds at most its budget of frames,
+//! whatever it asks for.
 //!
 //! Limits, each answered clearly: connections per IP (429 before the upgrade), subscriptions
 //! per connection (`error` frame), frame size (close 1009), unknown or private channels
@@ -22,18 +23,21 @@ use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
 use serde::Deserialize;
 use std::collections::{HashMap, VecDeque};
+use std::future::{poll_fn, Future};
 use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, TryAcquireError};
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
+use tokio::time::{Instant, Sleep};
 
 use super::AppState;
 use crate::auth;
+use crate::config::LiveLimits;
 use crate::live::follow::{Event, Follower};
 use crate::live::frames;
 use crate::model::Notification;
+use crate::store::StoreError;
 
 /// Close code for a client that cannot keep up.
 pub const CLOSE_SLOW: u16 = 4008;
@@ -237,102 +241,219 @@ pub async fn upgrade(
 /// with a token and an epoch), not for the largest allowed.
 const READ_BUFFER: usize = 256;
 
-/// What subscription tasks hand to the connection task: a frame, for frames carrying
-/// changes their channel and last seq (so that a slow client is told where to resume), and
-/// the frame's share of the connection's byte budget, given back once it is written.
-struct Out(
-    Utf8Bytes,
-    Option<(Arc<str>, u64)>,
-    Option<OwnedSemaphorePermit>,
-);
+type Sink = SplitSink<WebSocket, Message>;
 
-/// A connection's outgoing frames, in order: at most `--ws-queue` of them, queued by its
-/// subscriptions (and the connection itself, for control frames), written by its task.
+/// A frame for the socket. A frame carrying changes names their channel and last seq (so that
+/// a slow client is told where to resume); `cost` is its share of the connection's byte budget
+/// (`--ws-queue-bytes`; 0 for control frames), given back once it is written.
+struct Out {
+    frame: Utf8Bytes,
+    changes: Option<(Arc<str>, u64)>,
+    cost: usize,
+}
+
+impl Out {
+    /// A control frame (`subscribed`, `error`, …): a place in the queue, no budget.
+    fn control(frame: String) -> Out {
+        Out {
+            frame: frame.into(),
+            changes: None,
+            cost: 0,
+        }
+    }
+}
+
+/// A connection's outgoing frames: queued in order, written one at a time, a due ping first.
 ///
-/// Not a tokio channel: one allocates 32 slots (2.3 KiB for `Out`) and 512 bytes of
-/// cache-padded state when it is made, which every idle connection would keep. This one holds
-/// a few words until a frame is queued.
-struct Queue {
-    frames: Mutex<VecDeque<Out>>,
-    /// Free places: a queued frame takes one, given back when the frame is taken.
-    room: Semaphore,
-    /// Wakes the connection's task when a frame is queued.
-    queued: Notify,
+/// At most `--ws-queue` frames are queued, and the frames queued or being written take at most
+/// `--ws-queue-bytes` of budget. A plain `VecDeque`: only the connection's task queues and
+/// writes, and an empty one holds no memory.
+#[derive(Default)]
+struct Outgoing {
+    queue: VecDeque<Out>,
+    /// The frame handed to the socket and not flushed yet (its bytes already given to it).
+    writing: Option<Out>,
+    /// Budget taken by the frames queued and the one being written.
+    bytes: usize,
+    /// A ping is due.
+    ping: bool,
 }
 
-impl Queue {
-    fn new(capacity: usize) -> Queue {
-        Queue {
-            frames: Mutex::default(),
-            room: Semaphore::new(capacity),
-            queued: Notify::new(),
-        }
+impl Outgoing {
+    /// Whether a frame taking `cost` of the budget fits now.
+    fn has_room(&self, limits: &LiveLimits, cost: usize) -> bool {
+        self.queue.len() < limits.queue && self.bytes + cost <= limits.queue_bytes
     }
 
-    /// Queues `out` if there is room.
-    fn try_push(&self, out: Out) -> Result<(), TryAcquireError> {
-        self.room.try_acquire()?.forget();
-        self.append(out);
-        Ok(())
+    fn push(&mut self, out: Out) {
+        self.bytes += out.cost;
+        self.queue.push_back(out);
     }
 
-    /// Queues `out` once there is room; `false` when the queue was closed.
-    async fn push(&self, out: Out) -> bool {
-        match self.room.acquire().await {
-            Ok(place) => place.forget(),
-            Err(_) => return false,
-        }
-        self.append(out);
-        true
-    }
-
-    fn append(&self, out: Out) {
-        let mut frames = self.frames.lock().unwrap_or_else(|e| e.into_inner());
-        frames.push_back(out);
-        drop(frames);
-        // Stores a wake-up when the task is not waiting yet: none is lost.
-        self.queued.notify_one();
-    }
-
-    /// The oldest queued frame, once there is one.
-    async fn pop(&self) -> Out {
-        loop {
-            let next = {
-                let mut frames = self.frames.lock().unwrap_or_else(|e| e.into_inner());
-                let next = frames.pop_front();
-                if frames.is_empty() {
-                    // An idle connection keeps no room for frames it no longer has.
-                    frames.shrink_to_fit();
-                }
-                next
-            };
-            if let Some(out) = next {
-                self.room.add_permits(1);
-                return out;
+    /// Writes the next frame (a due ping first); ready with the frame once the socket took
+    /// all of it. Cancel-safe: what is being written is kept in `writing`.
+    fn poll_write(
+        &mut self,
+        cx: &mut Context<'_>,
+        sink: &mut Sink,
+    ) -> Poll<Result<Out, axum::Error>> {
+        if self.writing.is_none() {
+            if !self.ping && self.queue.is_empty() {
+                return Poll::Pending;
             }
-            self.queued.notified().await;
+            ready!(sink.poll_ready_unpin(cx))?;
+            let message = if std::mem::take(&mut self.ping) {
+                self.writing = Some(Out::control(String::new()));
+                Message::Ping(Default::default())
+            } else if let Some(mut out) = self.queue.pop_front() {
+                if self.queue.is_empty() {
+                    // An idle connection keeps no room for frames it no longer has.
+                    self.queue.shrink_to_fit();
+                }
+                let frame = std::mem::take(&mut out.frame);
+                self.writing = Some(out);
+                Message::Text(frame)
+            } else {
+                return Poll::Pending; // not reached: checked above
+            };
+            sink.start_send_unpin(message)?;
+        }
+        ready!(sink.poll_flush_unpin(cx))?;
+        let Some(out) = self.writing.take() else {
+            return Poll::Pending; // not reached: set above
+        };
+        self.bytes -= out.cost;
+        Poll::Ready(Ok(out))
+    }
+}
+
+/// A follower's next event. The future owns the follower and hands it back with the event:
+/// it is polled by the connection's task, not a task of its own.
+type NextEvent =
+    Pin<Box<dyn Future<Output = (Follower, Result<Option<Event>, StoreError>)> + Send>>;
+
+fn next_event(mut follower: Follower) -> NextEvent {
+    Box::pin(async move {
+        let event = follower.next().await;
+        (follower, event)
+    })
+}
+
+/// A channel the connection follows.
+struct Subscription {
+    channel: Arc<str>,
+    /// The channel's last seq written to the socket (the subscription's start before any).
+    written: u64,
+    step: Step,
+}
+
+/// What a subscription waits for.
+enum Step {
+    /// Its follower's next event.
+    Next(NextEvent),
+    /// Room in the queue for a frame that waits (a replay frame, or the last `error`).
+    Room(Box<Waiting>),
+    /// Nothing more: the channel's feed is gone (shutdown), or the store failed and the
+    /// client was told.
+    Ended,
+}
+
+/// A frame waiting for room in the queue until `until`, when the client counts as slow.
+struct Waiting {
+    out: Out,
+    /// Follows on once the frame is queued (`None`: the frame was the last).
+    follower: Option<Follower>,
+    until: Instant,
+}
+
+impl Subscription {
+    fn waiting(&self) -> Option<&Waiting> {
+        match &self.step {
+            Step::Room(waiting) => Some(waiting),
+            _ => None,
+        }
+    }
+}
+
+/// A connection's subscriptions, polled by its task.
+#[derive(Default)]
+struct Subscriptions {
+    list: Vec<Subscription>,
+    /// Where the next poll starts (after the last one that had an event), so that a
+    /// subscription whose events are always ready does not starve the others.
+    turn: usize,
+    /// Wakes the task at the earliest `until` of a waiting frame (boxed: most connections
+    /// never wait).
+    stall: Option<Pin<Box<Sleep>>>,
+}
+
+/// What polling the subscriptions gives.
+enum Polled {
+    /// The follower of `list[i]` has an event (that subscription is `Ended` until it is handled).
+    Event(usize, Follower, Result<Option<Event>, StoreError>),
+    /// A waiting frame may have waited too long.
+    Stall,
+}
+
+impl Subscriptions {
+    fn find(&self, channel: &str) -> Option<usize> {
+        self.list.iter().position(|s| *s.channel == *channel)
+    }
+
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Polled> {
+        let n = self.list.len();
+        for k in 0..n {
+            let i = (self.turn + k) % n;
+            let sub = &mut self.list[i];
+            if let Step::Next(next) = &mut sub.step {
+                if let Poll::Ready((follower, event)) = next.as_mut().poll(cx) {
+                    sub.step = Step::Ended;
+                    self.turn = i + 1;
+                    return Poll::Ready(Polled::Event(i, follower, event));
+                }
+            }
+        }
+        match &mut self.stall {
+            Some(stall) => stall.as_mut().poll(cx).map(|()| Polled::Stall),
+            None => Poll::Pending,
         }
     }
 
-    /// Ends waits for room: the connection is gone.
-    fn close(&self) {
-        self.room.close();
+    /// The subscription whose frame has waited longest.
+    fn first_waiting(&self) -> Option<usize> {
+        let waiting = self.list.iter().enumerate();
+        let waiting = waiting.filter_map(|(i, s)| s.waiting().map(|w| (w.until, i)));
+        waiting.min().map(|(_, i)| i)
+    }
+
+    /// Sets the stall timer to the earliest `until`, or drops it when nothing waits.
+    fn set_stall(&mut self) {
+        let earliest = self
+            .list
+            .iter()
+            .filter_map(|s| s.waiting())
+            .map(|w| w.until)
+            .min();
+        match (earliest, &mut self.stall) {
+            (None, stall) => *stall = None,
+            (Some(until), Some(stall)) => {
+                if stall.deadline() != until {
+                    stall.as_mut().reset(until);
+                }
+            }
+            (Some(until), stall) => *stall = Some(Box::pin(tokio::time::sleep_until(until))),
+        }
     }
 }
+
+/// The client is too slow: a frame found no room (`Some`: a frame of that channel).
+struct Slow(Option<Arc<str>>);
 
 struct Connection {
     state: AppState,
     query_token: Option<String>,
-    queue: Arc<Queue>,
-    /// Set when a live frame found the queue full; `slow_channel` names its channel.
-    slow: CancellationToken,
-    slow_channel: Arc<Mutex<Option<Arc<str>>>>,
-    subscriptions: HashMap<String, JoinHandle<()>>,
-    /// Per channel, the last seq written to the socket (the subscription's start before any).
-    written: HashMap<String, u64>,
-    slow_counted: bool,
-    /// Bytes of change frames queued and not yet written (`--ws-queue-bytes`).
-    budget: Arc<Semaphore>,
+    subs: Subscriptions,
+    out: Outgoing,
     /// Counts the connection until it is dropped, when the connection ends.
     _guard: ConnectionGuard,
 }
@@ -342,43 +463,34 @@ impl Connection {
     /// every part of the state is then stored once in that future, which lives as long as the
     /// connection.
     fn new(state: AppState, query_token: Option<String>, guard: ConnectionGuard) -> Connection {
-        let limits = state.config.live;
         Connection {
             state,
             query_token,
-            queue: Arc::new(Queue::new(limits.queue)),
-            slow: CancellationToken::new(),
-            slow_channel: Arc::default(),
-            subscriptions: HashMap::new(),
-            written: HashMap::new(),
-            slow_counted: false,
-            budget: Arc::new(Semaphore::new(limits.queue_bytes)),
+            subs: Subscriptions::default(),
+            out: Outgoing::default(),
             _guard: guard,
         }
     }
 }
 
-/// Serves one connection until it closes.
+/// Serves one connection until it closes: reads client frames, polls its subscriptions'
+/// followers, writes queued frames and pings.
 ///
 /// This future is the connection's task for as long as the connection is open, so it keeps
 /// little: what is needed only on the way out (the slow client's grace, the closing
 /// handshake) is boxed when it happens.
-async fn connection(
-    mut sink: SplitSink<WebSocket, Message>,
-    mut stream: SplitStream<WebSocket>,
-    mut conn: Connection,
-) {
+async fn connection(mut sink: Sink, mut stream: SplitStream<WebSocket>, mut conn: Connection) {
     let shutdown = conn.state.shutdown.clone();
     let every = conn.state.config.live.ping;
-    let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    let mut ping = tokio::time::interval_at(Instant::now() + every, every);
     let closing = loop {
-        tokio::select! {
+        let step = tokio::select! {
             incoming = stream.next() => match incoming {
                 Some(Ok(Message::Text(text))) => conn.on_frame(text.as_str()),
                 Some(Ok(Message::Binary(_))) => conn.reply(frames::error(
                     "bad_frame", None, "frames are JSON text")),
                 Some(Ok(Message::Close(_))) | None => break None,
-                Some(Ok(_)) => {} // ping / pong: handled by the library
+                Some(Ok(_)) => Ok(()), // ping / pong: handled by the library
                 Some(Err(e)) => {
                     let text = e.to_string().to_ascii_lowercase();
                     let reason = if text.contains("too long") || text.contains("too big") || text.contains("limit") {
@@ -389,59 +501,37 @@ async fn connection(
                     break Some(reason);
                 }
             },
-            out = conn.queue.pop() => {
-                let Out(frame, changes, _permit) = out;
-                let send = sink.send(Message::Text(frame));
-                tokio::pin!(send);
-                let sent = tokio::select! {
-                    sent = &mut send => sent,
-                    _ = conn.slow.cancelled() => {
-                        // Finish the frame being written (a slow client may still read it),
-                        // so that the close reason's seq is exactly what the client got.
-                        conn.count_slow();
-                        match Box::pin(tokio::time::timeout(SLOW_PATIENCE, &mut send)).await {
-                            Ok(sent) => sent,
-                            Err(_) => break None, // not reading at all: just drop it
-                        }
-                    }
-                };
-                if sent.is_err() {
-                    break None;
+            written = poll_fn(|cx| conn.out.poll_write(cx, &mut sink)) => match written {
+                Ok(out) => {
+                    conn.note_written(out);
+                    Ok(())
                 }
-                if let Some((channel, last)) = changes {
-                    if let Some(seq) = conn.written.get_mut(&*channel) {
-                        *seq = last;
-                    }
-                }
-            }
-            _ = conn.slow.cancelled() => {
-                conn.count_slow();
-                break Some((CLOSE_SLOW, conn.slow_message()));
-            }
+                Err(_) => break None,
+            },
+            polled = poll_fn(|cx| conn.subs.poll_next(cx)) => match polled {
+                Polled::Event(i, follower, event) => conn.on_event(i, follower, event),
+                Polled::Stall => conn.stalled(),
+            },
             _ = ping.tick() => {
-                if sink.send(Message::Ping(Default::default())).await.is_err() {
-                    break None;
-                }
+                conn.out.ping = true;
+                Ok(())
             }
             _ = shutdown.cancelled() => break Some((CLOSE_GOING_AWAY, "the hub is shutting down; reconnect with your cursor".into())),
+        };
+        match step {
+            Ok(()) => conn.queue_waiting(),
+            Err(Slow(channel)) => break Box::pin(conn.slow(&mut sink, channel)).await,
         }
     };
-    conn.queue.close();
-    for task in conn.subscriptions.values() {
-        task.abort();
-    }
+    // The subscriptions stop here; frames still queued are dropped.
+    drop(std::mem::take(&mut conn.subs));
     if let Some((code, reason)) = closing {
         Box::pin(close(sink, stream, code, reason)).await;
     }
 }
 
 /// Sends the close frame `code` with `reason` and completes the closing handshake.
-async fn close(
-    mut sink: SplitSink<WebSocket, Message>,
-    mut stream: SplitStream<WebSocket>,
-    code: u16,
-    mut reason: String,
-) {
+async fn close(mut sink: Sink, mut stream: SplitStream<WebSocket>, code: u16, mut reason: String) {
     tracing::debug!(code, %reason, "closing websocket");
     // A close reason holds at most 123 bytes.
     while reason.len() > 123 {
@@ -476,41 +566,156 @@ async fn close(
 const CLOSE_HANDSHAKE: Duration = Duration::from_secs(2);
 
 impl Connection {
-    /// Counts this connection as closed for slowness (once).
-    fn count_slow(&mut self) {
-        if !self.slow_counted {
-            self.slow_counted = true;
-            self.state
-                .connections
-                .slow_closes
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    /// A slow client's close: the frame being written is finished first (a slow client may
+    /// still read it), so that the close reason's seq is exactly what the client got. `None`:
+    /// it does not read at all, and is just dropped.
+    async fn slow(&mut self, sink: &mut Sink, channel: Option<Arc<str>>) -> Option<(u16, String)> {
+        self.state
+            .connections
+            .slow_closes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if self.out.writing.is_some() {
+            let finish = poll_fn(|cx| self.out.poll_write(cx, sink));
+            match tokio::time::timeout(SLOW_PATIENCE, finish).await {
+                Ok(Ok(out)) => self.note_written(out),
+                _ => return None,
+            }
         }
-    }
-
-    /// The close reason for a slow client: where to resume the channel that overflowed.
-    fn slow_message(&self) -> String {
-        let channel = self
-            .slow_channel
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
         let queued = self.state.config.live.queue;
-        match channel.and_then(|c| self.written.get(&*c).map(|seq| (c, *seq))) {
+        let resume = channel.and_then(|c| {
+            let i = self.subs.find(&c)?;
+            Some((c, self.subs.list[i].written))
+        });
+        let reason = match resume {
             Some((channel, seq)) => {
                 format!("slow consumer ({queued} frames queued); resume {channel} since={seq}")
             }
             None => format!("slow consumer ({queued} frames queued)"),
+        };
+        Some((CLOSE_SLOW, reason))
+    }
+
+    /// A frame is on the socket: its channel's written seq moves.
+    fn note_written(&mut self, out: Out) {
+        if let Some((channel, last)) = out.changes {
+            if let Some(i) = self.subs.find(&channel) {
+                self.subs.list[i].written = last;
+            }
         }
     }
 
     /// Queues a control frame; a full queue means the client is too slow.
-    fn reply(&self, frame: String) {
-        if self.queue.try_push(Out(frame.into(), None, None)).is_err() {
-            self.slow.cancel();
+    fn reply(&mut self, frame: String) -> Result<(), Slow> {
+        if !self.out.has_room(&self.state.config.live, 0) {
+            return Err(Slow(None));
+        }
+        self.out.push(Out::control(frame));
+        Ok(())
+    }
+
+    /// Queues the frame of subscription `i`, which then follows on (`None`: it ends).
+    fn enqueue(&mut self, i: usize, out: Out, follower: Option<Follower>) {
+        self.out.push(out);
+        self.subs.list[i].step = match follower {
+            Some(follower) => Step::Next(next_event(follower)),
+            None => Step::Ended,
+        };
+    }
+
+    /// Handles the event of subscription `i`. Every frame takes its size from the byte budget
+    /// (at most all of it), given back when it is written. A live frame never waits: one that
+    /// finds no room means the client is too slow. Any other frame waits for room (the log is
+    /// the buffer), behind the frames already waiting, up to `--ws-stall`.
+    fn on_event(
+        &mut self,
+        i: usize,
+        follower: Follower,
+        event: Result<Option<Event>, StoreError>,
+    ) -> Result<(), Slow> {
+        let channel = self.subs.list[i].channel.clone();
+        let event = match event {
+            Ok(Some(event)) => event,
+            Ok(None) => return Ok(()), // the feed is gone: the hub is shutting down
+            Err(e) => {
+                if !e.logged_by_store() {
+                    tracing::warn!(%channel, error = %e, "websocket follower cannot read the log");
+                }
+                let frame = frames::error(
+                    "unavailable",
+                    Some(&channel),
+                    "the store is unavailable; resubscribe with your cursor",
+                );
+                self.enqueue_or_wait(i, Out::control(frame), None);
+                return Ok(());
+            }
+        };
+        let limits = self.state.config.live;
+        let frame = match &event {
+            Event::Live(n, 0) => self.state.connections.live_frame(n),
+            _ => frames::event(&channel, &event, follower.epoch()).into(),
+        };
+        let out = Out {
+            cost: frame.len().clamp(1, limits.queue_bytes),
+            changes: event.changes().last().map(|c| (channel.clone(), c.seq)),
+            frame,
+        };
+        if !matches!(event, Event::Live(..)) {
+            self.enqueue_or_wait(i, out, Some(follower));
+        } else if self.out.has_room(&limits, out.cost) {
+            self.enqueue(i, out, Some(follower));
+        } else {
+            return Err(Slow(Some(channel)));
+        }
+        Ok(())
+    }
+
+    /// Queues the frame of subscription `i` if it fits and no frame waits before it;
+    /// otherwise it waits, up to `--ws-stall`.
+    fn enqueue_or_wait(&mut self, i: usize, out: Out, follower: Option<Follower>) {
+        let limits = &self.state.config.live;
+        if self.subs.first_waiting().is_none() && self.out.has_room(limits, out.cost) {
+            return self.enqueue(i, out, follower);
+        }
+        let until = Instant::now() + limits.stall;
+        self.subs.list[i].step = Step::Room(Box::new(Waiting {
+            out,
+            follower,
+            until,
+        }));
+        self.subs.set_stall();
+    }
+
+    /// Queues the waiting frames that fit now, longest waiting first.
+    fn queue_waiting(&mut self) {
+        while let Some(i) = self.subs.first_waiting() {
+            let fits = self.subs.list[i]
+                .waiting()
+                .is_some_and(|w| self.out.has_room(&self.state.config.live, w.out.cost));
+            if !fits {
+                break;
+            }
+            if let Step::Room(waiting) = std::mem::replace(&mut self.subs.list[i].step, Step::Ended)
+            {
+                let Waiting { out, follower, .. } = *waiting;
+                self.enqueue(i, out, follower);
+            }
+        }
+        self.subs.set_stall();
+    }
+
+    /// The stall timer fired: a frame that waited `--ws-stall` for room means the client
+    /// reads nothing.
+    fn stalled(&mut self) -> Result<(), Slow> {
+        let now = Instant::now();
+        match self.subs.first_waiting() {
+            Some(i) if self.subs.list[i].waiting().is_some_and(|w| w.until <= now) => {
+                Err(Slow(Some(self.subs.list[i].channel.clone())))
+            }
+            _ => Ok(()),
         }
     }
 
-    fn on_frame(&mut self, text: &str) {
+    fn on_frame(&mut self, text: &str) -> Result<(), Slow> {
         let frame: frames::ClientFrame = match serde_json::from_str(text) {
             Ok(f) => f,
             Err(e) => {
@@ -528,19 +733,17 @@ impl Connection {
                 token,
                 epoch,
             } => self.subscribe(channel, since, token, epoch),
-            frames::ClientFrame::Unsubscribe { channel } => {
-                match self.subscriptions.remove(&channel) {
-                    Some(task) => {
-                        task.abort();
-                        self.reply(frames::unsubscribed(&channel));
-                    }
-                    None => self.reply(frames::error(
-                        "not_subscribed",
-                        Some(&channel),
-                        "not subscribed to this channel",
-                    )),
+            frames::ClientFrame::Unsubscribe { channel } => match self.subs.find(&channel) {
+                Some(i) => {
+                    self.subs.list.remove(i);
+                    self.reply(frames::unsubscribed(&channel))
                 }
-            }
+                None => self.reply(frames::error(
+                    "not_subscribed",
+                    Some(&channel),
+                    "not subscribed to this channel",
+                )),
+            },
         }
     }
 
@@ -550,7 +753,7 @@ impl Connection {
         since: Option<u64>,
         token: Option<String>,
         epoch: Option<String>,
-    ) {
+    ) -> Result<(), Slow> {
         let state = &self.state;
         let Some(hosted) = state.feeds.get(&channel) else {
             return self.reply(frames::error(
@@ -568,7 +771,8 @@ impl Connection {
             ));
         }
         let limit = state.config.live.max_subscriptions;
-        if !self.subscriptions.contains_key(&channel) && self.subscriptions.len() >= limit {
+        let existing = self.subs.find(&channel);
+        if existing.is_none() && self.subs.list.len() >= limit {
             return self.reply(frames::error(
                 "too_many_subscriptions",
                 Some(&channel),
@@ -576,110 +780,27 @@ impl Connection {
             ));
         }
         let feed = hosted.feed;
-        if let Some(old) = self.subscriptions.remove(&channel) {
-            old.abort();
-        }
         let known = feed.known_origin().map(|o| o.epoch.clone());
         let follower = Follower::new(feed, state.store.clone(), since, epoch);
-        self.reply(frames::subscribed(
+        let reply = self.reply(frames::subscribed(
             &channel,
             since,
             follower.cursor(),
             known.as_deref(),
         ));
-        self.written.insert(channel.clone(), follower.cursor());
-        let outlet = Outlet {
-            queue: self.queue.clone(),
-            slow: self.slow.clone(),
-            slow_channel: self.slow_channel.clone(),
-            connections: state.connections.clone(),
-            budget: self.budget.clone(),
-            queue_bytes: state.config.live.queue_bytes,
-            stall: state.config.live.stall,
+        let sub = Subscription {
+            channel: Arc::from(channel),
+            written: follower.cursor(),
+            step: Step::Next(next_event(follower)),
         };
-        let task = tokio::spawn(follow(follower, Arc::from(channel.as_str()), outlet));
-        self.subscriptions.insert(channel, task);
-    }
-}
-
-/// Where a subscription puts its frames: the connection's queue and byte budget, and how it
-/// says that the client is too slow.
-struct Outlet {
-    queue: Arc<Queue>,
-    slow: CancellationToken,
-    slow_channel: Arc<Mutex<Option<Arc<str>>>>,
-    connections: Arc<Connections>,
-    budget: Arc<Semaphore>,
-    /// `--ws-queue-bytes` and `--ws-stall` (not all of `LiveLimits`: this is kept in every
-    /// subscription's future).
-    queue_bytes: usize,
-    stall: Duration,
-}
-
-/// Runs one subscription: queues the follower's frames on the connection.
-async fn follow(mut follower: Follower, channel: Arc<str>, outlet: Outlet) {
-    // The outlet's fields are used in place: destructured into locals, they would be stored
-    // twice in this future, which every subscription keeps for as long as it runs.
-    loop {
-        let event = match follower.next().await {
-            Ok(Some(event)) => event,
-            Ok(None) => return,
-            Err(e) => {
-                if !e.logged_by_store() {
-                    tracing::warn!(%channel, error = %e, "websocket follower cannot read the log");
-                }
-                let frame = frames::error(
-                    "unavailable",
-                    Some(&channel),
-                    "the store is unavailable; resubscribe with your cursor",
-                );
-                outlet.queue.push(Out(frame.into(), None, None)).await;
-                return;
+        match existing {
+            Some(i) => self.subs.list[i] = sub,
+            None => {
+                // One subscription is the common case: no room kept for more.
+                self.subs.list.reserve_exact(1);
+                self.subs.list.push(sub);
             }
-        };
-        let last = event.changes().last().map(|c| (channel.clone(), c.seq));
-        let frame = match &event {
-            Event::Live(n, 0) => outlet.connections.live_frame(n),
-            _ => frames::event(&channel, &event, follower.epoch()).into(),
-        };
-        // Every frame takes its size from the byte budget (at most all of it), given back
-        // when it is written: a live frame that finds no room means the client is too slow; a
-        // replay waits for room, up to `stall` (that wait boxed: its timer would otherwise
-        // take room in this future for the whole life of the subscription).
-        let cost = frame.len().clamp(1, outlet.queue_bytes) as u32;
-        let permit = if matches!(event, Event::Live(..)) {
-            outlet.budget.clone().try_acquire_many_owned(cost).ok()
-        } else {
-            let room = outlet.budget.clone().acquire_many_owned(cost);
-            match Box::pin(tokio::time::timeout(outlet.stall, room)).await {
-                Ok(permit) => permit.ok(),
-                Err(_) => None,
-            }
-        };
-        let Some(permit) = permit else {
-            *outlet
-                .slow_channel
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()) = Some(channel);
-            outlet.slow.cancel();
-            return;
-        };
-        let frame = Out(frame, last, Some(permit));
-        if matches!(event, Event::Live(..)) {
-            match outlet.queue.try_push(frame) {
-                Ok(()) => {}
-                Err(TryAcquireError::NoPermits) => {
-                    *outlet
-                        .slow_channel
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner()) = Some(channel);
-                    outlet.slow.cancel();
-                    return;
-                }
-                Err(TryAcquireError::Closed) => return,
-            }
-        } else if !outlet.queue.push(frame).await {
-            return;
         }
+        reply
     }
 }

@@ -493,3 +493,188 @@ async fn a_websocket_that_reads_nothing_is_bounded_then_closed() {
     let (seqs, _) = ws.collect_until(100_000).await;
     assert_eq!(seqs, (1..=100_000).collect::<Vec<u64>>());
 }
+
+/// Pushes `n` changes to `channel` with its publisher `token`; returns (first, last).
+async fn push_to(url: &str, channel: &str, token: &str, prefix: &str, n: usize) -> (u64, u64) {
+    let changes: Vec<_> = (0..n)
+        .map(|i| serde_json::json!({"loc": format!("http://example.com/{prefix}/{i}"), "change": "updated"}))
+        .collect();
+    let resp = reqwest::Client::new()
+        .post(format!("{url}/channels/{channel}/changes"))
+        .bearer_auth(token)
+        .json(&changes)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 202);
+    let json: serde_json::Value = resp.json().await.unwrap();
+    (
+        json["first"].as_u64().unwrap(),
+        json["last"].as_u64().unwrap(),
+    )
+}
+
+/// What one connection received, per channel: seqs in order, and frame types.
+#[derive(Default)]
+struct PerChannel(std::collections::HashMap<String, (Vec<u64>, Vec<String>)>);
+
+impl PerChannel {
+    /// Reads frames until every `(channel, last)` of `until` has arrived.
+    async fn read_until(&mut self, ws: &mut WsClient, until: &[(&str, u64)]) {
+        let done = |me: &PerChannel| {
+            until.iter().all(|(c, last)| {
+                me.0.get(*c)
+                    .and_then(|(seqs, _)| seqs.last())
+                    .is_some_and(|s| s >= last)
+            })
+        };
+        while !done(self) {
+            self.add(&ws.frame().await);
+        }
+    }
+
+    fn add(&mut self, f: &serde_json::Value) {
+        let channel = f["channel"].as_str().unwrap().to_string();
+        let (seqs, kinds) = self.0.entry(channel).or_default();
+        if f["type"] == "notification" {
+            seqs.extend(
+                f["changes"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|c| c["seq"].as_u64().unwrap()),
+            );
+        }
+        kinds.push(f["type"].as_str().unwrap().to_string());
+    }
+
+    fn seqs(&self, channel: &str) -> Vec<u64> {
+        self.0
+            .get(channel)
+            .map(|(s, _)| s.clone())
+            .unwrap_or_default()
+    }
+
+    fn count(&self, channel: &str, kind: &str) -> usize {
+        self.0
+            .get(channel)
+            .map_or(0, |(_, kinds)| kinds.iter().filter(|k| *k == kind).count())
+    }
+}
+
+/// Two subscriptions on one connection, both followed by the connection's own task: two
+/// replays share a small byte budget (each frame waiting for room in turn), each channel gets
+/// every change once and in order, then `caught_up`, then its live changes; unsubscribing one
+/// stops it and leaves the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_subscriptions_on_one_connection_share_its_budget_in_order() {
+    let hub = TestHub::start(|c| {
+        c.live.queue_bytes = 64 * 1024;
+        c.linger = Duration::from_millis(1);
+        add_channel(c, "other", "t2", None);
+    })
+    .await;
+    for round in 0..4 {
+        hub.push(&format!("r{round}"), 5_000).await;
+    }
+    push_to(&hub.url, "other", "t2", "o", 900).await;
+    hub.wait_published(20_000).await;
+    hub.wait_published_in("other", 900).await;
+
+    let mut ws = WsClient::connect(&hub, "").await;
+    ws.subscribe(CHANNEL, Some(0)).await;
+    ws.subscribe("other", Some(100)).await;
+    let mut got = PerChannel::default();
+    got.read_until(&mut ws, &[(CHANNEL, 20_000), ("other", 900)])
+        .await;
+    for (channel, start) in [(CHANNEL, 0), ("other", 100)] {
+        while got.count(channel, "caught_up") == 0 {
+            got.add(&ws.frame().await);
+        }
+        let last = if channel == CHANNEL { 20_000 } else { 900 };
+        assert_eq!(got.seqs(channel), (start + 1..=last).collect::<Vec<_>>());
+        assert_eq!(got.count(channel, "subscribed"), 1);
+    }
+
+    // Live, both.
+    let (_, news_last) = hub.push("live", 30).await;
+    let (_, other_last) = push_to(&hub.url, "other", "t2", "live", 20).await;
+    got.read_until(&mut ws, &[(CHANNEL, news_last), ("other", other_last)])
+        .await;
+    assert_eq!(got.seqs(CHANNEL), (1..=news_last).collect::<Vec<_>>());
+    assert_eq!(got.seqs("other"), (101..=other_last).collect::<Vec<_>>());
+
+    // One unsubscribed: the other goes on alone.
+    ws.send(serde_json::json!({"op": "unsubscribe", "channel": CHANNEL}))
+        .await;
+    loop {
+        let f = ws.frame().await;
+        if f["type"] == "unsubscribed" {
+            assert_eq!(f["channel"], CHANNEL);
+            break;
+        }
+        got.add(&f);
+    }
+    hub.push("after", 5).await;
+    let (_, other_last) = push_to(&hub.url, "other", "t2", "after", 5).await;
+    got.read_until(&mut ws, &[("other", other_last)]).await;
+    assert_eq!(got.seqs(CHANNEL), (1..=news_last).collect::<Vec<_>>());
+    assert_eq!(got.seqs("other"), (101..=other_last).collect::<Vec<_>>());
+}
+
+/// A client with two subscriptions that stops reading is closed as slow, and the reason names
+/// the channel whose frame overflowed and exactly the last seq of that channel it received.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_client_with_two_subscriptions_resumes_the_one_that_overflowed() {
+    let hub = TestHub::start(|c| {
+        c.live.queue = 4;
+        c.max_batch = 1000;
+        c.linger = Duration::from_millis(1);
+        add_channel(c, "other", "t2", None);
+    })
+    .await;
+    let mut slow = WsClient::connect(&hub, "").await;
+    let mut got = PerChannel::default();
+    slow.subscribe(CHANNEL, None).await;
+    slow.subscribe("other", None).await;
+    while got.count(CHANNEL, "subscribed") + got.count("other", "subscribed") < 2 {
+        let f = slow.frame().await;
+        if f["type"] == "subscribed" {
+            // Where each starts: its cursor, until a notification is received.
+            let (seqs, _) = got
+                .0
+                .entry(f["channel"].as_str().unwrap().into())
+                .or_default();
+            seqs.push(f["cursor"].as_u64().unwrap());
+        }
+        got.add(&f);
+    }
+    let mut pushed = 0;
+    while admin_json(&hub.url, "/api/live").await["slow_closes"] == 0 {
+        assert!(pushed < 400, "the hub never closed the slow client");
+        hub.push("big", 1000).await;
+        push_to(&hub.url, "other", "t2", "big", 1000).await;
+        pushed += 1;
+    }
+    loop {
+        match slow.read(WAIT).await {
+            WsRead::Frame(f) => got.add(&f),
+            WsRead::Closed(Some((code, reason))) => {
+                assert_eq!(code, 4008);
+                let (_, resume) = reason.split_once("resume ").expect(&reason);
+                let (channel, since) = resume.split_once(" since=").expect(&reason);
+                let received = *got.seqs(channel).last().unwrap();
+                assert_eq!(since.parse::<u64>().unwrap(), received, "{reason}");
+                break;
+            }
+            WsRead::Closed(None) => panic!("closed without a reason"),
+        }
+    }
+    for channel in [CHANNEL, "other"] {
+        let seqs = got.seqs(channel);
+        assert!(
+            seqs.windows(2).all(|w| w[1] == w[0] + 1),
+            "{channel}: a gap"
+        );
+    }
+}
