@@ -576,6 +576,10 @@ impl Hub {
         if let Some(cluster) = &self.cluster {
             cluster.release_all().await;
         }
+        // A temporary folder of page entry files goes (DATA_DIR/pages waits for the next
+        // start, which empties it).
+        let pages = self.pages.clone();
+        let _ = tokio::task::spawn_blocking(move || pages.close()).await;
     }
 }
 

@@ -183,6 +183,11 @@ impl<V: Clone> Lru<V> {
         }
     }
 
+    fn forget_all(&mut self) {
+        self.entries.clear();
+        self.bytes = 0;
+    }
+
     /// Drops every entry of `channel`; returns their keys.
     fn forget(&mut self, channel: &str) -> Vec<Key> {
         let gone: Vec<Key> = self
@@ -348,6 +353,15 @@ impl PageCache {
         }
     }
 
+    /// The hub stops: a temporary folder of files is removed (files being read meanwhile
+    /// stay readable; later reads miss). Blocking.
+    pub fn close(&self) {
+        if let Some(files) = &self.files {
+            lock(&files.index).forget_all();
+            drop(lock(&files.temporary).take());
+        }
+    }
+
     /// Forgets a channel's blocks (it was deleted), in memory and on disk.
     pub fn forget(&self, channel: &str) {
         lock(&self.memory).forget(channel);
@@ -364,8 +378,9 @@ pub struct PageFiles {
     dir: PathBuf,
     /// Key → the file's size.
     index: Mutex<Lru<u64>>,
-    /// A folder made for this process (removed when dropped), when no folder was given.
-    _temporary: Option<tempfile::TempDir>,
+    /// A folder made for this process, when no folder was given: removed by
+    /// [`PageCache::close`], or when dropped.
+    temporary: Mutex<Option<tempfile::TempDir>>,
 }
 
 /// The magic number at the start of a block file (its format's version).
@@ -387,12 +402,12 @@ impl PageFiles {
         Ok(PageFiles {
             dir: dir.to_path_buf(),
             index: Mutex::new(Lru::new(bound)),
-            _temporary: None,
+            temporary: Mutex::new(None),
         })
     }
 
     /// Block files in a new temporary folder (`changehub-pages-…` in the system's), removed
-    /// when this is dropped. Blocking.
+    /// by [`PageCache::close`] or when this is dropped. Blocking.
     pub fn temporary(bound: u64) -> io::Result<PageFiles> {
         let dir = tempfile::Builder::new()
             .prefix("changehub-pages-")
@@ -400,7 +415,7 @@ impl PageFiles {
         Ok(PageFiles {
             dir: dir.path().to_path_buf(),
             index: Mutex::new(Lru::new(bound)),
-            _temporary: Some(dir),
+            temporary: Mutex::new(Some(dir)),
         })
     }
 
@@ -734,6 +749,17 @@ mod tests {
             !files.dir().join("c").exists(),
             "the channel's folder moved aside"
         );
+    }
+
+    #[test]
+    fn a_temporary_folder_is_removed_when_the_cache_closes() {
+        let cache = PageCache::with_files(0, PageFiles::temporary(FILES_BYTES).unwrap());
+        let files = cache.files.clone().unwrap();
+        files.write(&key(0), &block(1, BLOCK)).unwrap();
+        assert!(files.dir().is_dir());
+        cache.close();
+        assert!(!files.dir().exists());
+        assert!(files.size(&key(0)).is_none());
     }
 
     #[test]
