@@ -19,6 +19,7 @@ use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::catchup::pages::PageCache;
 use crate::config::Config;
 use crate::model::{Change, Notification};
 use crate::resourcesync::{self, ChangeListHeader};
@@ -80,6 +81,8 @@ pub struct ChannelFeed {
     /// Changes published and notifications delivered over the last 10 minutes: the
     /// dashboard's rates.
     pub rates: RateWindow,
+    /// Where the blocks of page entries that a notification completes are written.
+    pages: Option<Arc<PageCache>>,
 }
 
 impl ChannelFeed {
@@ -92,6 +95,16 @@ impl ChannelFeed {
             live: broadcast::channel(1024).0,
             delivered: AtomicU64::new(0),
             rates: RateWindow::default(),
+            pages: None,
+        }
+    }
+
+    /// A feed whose notifications also write the blocks of page entries they complete to
+    /// `pages` (see [`PageCache::published`]).
+    pub fn with_pages(name: &str, pages: Arc<PageCache>) -> ChannelFeed {
+        ChannelFeed {
+            pages: Some(pages),
+            ..ChannelFeed::new(name)
         }
     }
 
@@ -154,6 +167,9 @@ impl ChannelFeed {
                 recent.pop_front();
             }
             recent.push_back(n.clone());
+            if let (Some(pages), Some(origin)) = (&self.pages, self.origin.get()) {
+                pages.published(&origin.epoch, recent.make_contiguous(), &n);
+            }
         }
         // The seq first, then the broadcast: a follower that subscribes in between replays
         // this notification from the log (and skips it live); the other order could leave it

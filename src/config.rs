@@ -94,6 +94,12 @@ pub struct ServeArgs {
     /// changes faster. Not used with --redis.
     #[arg(long, env = "CHANGEHUB_CACHE_SIZE")]
     pub cache_size: Option<usize>,
+    /// Disk the files of rendered `changes?after=` page entries may take, in MiB (default
+    /// 2048; 0: no files, pages are rendered from the store when memory does not hold them).
+    /// The files are a cache, emptied at start-up: in `pages` in the data directory, or with
+    /// --redis in a temporary folder removed when the hub stops.
+    #[arg(long, env = "CHANGEHUB_PAGE_FILES_SIZE")]
+    pub page_files_size: Option<u64>,
     /// Lease granted when a subscriber asks for none (default 10 days).
     #[arg(long, env = "CHANGEHUB_LEASE_DEFAULT", value_parser = parse_duration)]
     pub lease_default: Option<Duration>,
@@ -260,6 +266,7 @@ struct FileConfig {
     linger: Option<Duration>,
     max_body: Option<usize>,
     cache_size: Option<usize>,
+    page_files_size: Option<u64>,
     #[serde(default, with = "humantime_serde_opt")]
     lease_default: Option<Duration>,
     #[serde(default, with = "humantime_serde_opt")]
@@ -441,6 +448,21 @@ pub struct Config {
     /// Where Change Dump files go (`--dump-dir`, else `dumps` in the data directory; none
     /// with Redis unless given).
     pub dump_dir: Option<PathBuf>,
+    /// The rendered entries of `changes?after=` pages kept.
+    pub pages: PagesConfig,
+}
+
+/// How much of the rendered entries of `changes?after=` pages is kept, and where (see
+/// [`crate::catchup::pages`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PagesConfig {
+    /// Bytes kept in memory.
+    pub memory: usize,
+    /// Bytes of block files kept on disk (`--page-files-size`; 0: no files).
+    pub files: u64,
+    /// The folder of the files: `pages` in the data directory; `None` with Redis (a
+    /// temporary folder of the process).
+    pub dir: Option<PathBuf>,
 }
 
 /// The XMPP PubSub bridge's settings (see [`crate::xmpp`]).
@@ -824,9 +846,24 @@ impl ServeArgs {
             self.xmpp_node_prefix.or(file.xmpp_node_prefix),
         )?;
 
+        let pages = PagesConfig {
+            memory: crate::catchup::pages::CACHE_BYTES,
+            files: self
+                .page_files_size
+                .or(file.page_files_size)
+                .map_or(crate::catchup::pages::FILES_BYTES, |mib| {
+                    mib.saturating_mul(1 << 20)
+                }),
+            dir: match &store {
+                StoreConfig::Embedded { data_dir, .. } => Some(data_dir.join("pages")),
+                StoreConfig::Redis { .. } => None,
+            },
+        };
+
         let config = Config {
             dump_defaults,
             dump_dir,
+            pages,
             xmpp,
             listen,
             urls,
@@ -1056,6 +1093,36 @@ mod tests {
             ..from_file
         };
         assert_eq!(cache(flag), 64 << 20);
+    }
+
+    #[test]
+    fn page_files_are_in_the_data_dir_or_temporary_and_sized_in_mebibytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let embedded = ServeArgs {
+            data_dir: Some(dir.path().into()),
+            ..ServeArgs::default()
+        }
+        .resolve()
+        .unwrap();
+        assert_eq!(embedded.pages.dir, Some(dir.path().join("pages")));
+        assert_eq!(embedded.pages.files, crate::catchup::pages::FILES_BYTES);
+        let path = dir.path().join("hub.toml");
+        std::fs::write(
+            &path,
+            "page_files_size = 0\nredis = \"redis://127.0.0.1/\"\n",
+        )
+        .unwrap();
+        let from_file = ServeArgs {
+            config: Some(path),
+            ..ServeArgs::default()
+        };
+        let redis = from_file.clone().resolve().unwrap();
+        assert_eq!((redis.pages.dir, redis.pages.files), (None, 0));
+        let flag = ServeArgs {
+            page_files_size: Some(100),
+            ..from_file
+        };
+        assert_eq!(flag.resolve().unwrap().pages.files, 100 << 20);
     }
 
     #[test]

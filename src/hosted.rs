@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
 use crate::batcher::ChannelFeed;
+use crate::catchup::pages::PageCache;
 use crate::model::ChannelSpec;
 use crate::net::Urls;
 
@@ -42,9 +43,20 @@ pub struct Hosted {
     /// Change Dumps, [`crate::dumps::channel_name`]): found by [`Hosted::feed`], but not
     /// hosted channels themselves.
     internal: RwLock<BTreeMap<String, Arc<ChannelFeed>>>,
+    /// The blocks of page entries that the feeds of hosted channels write as they publish.
+    pages: Option<Arc<PageCache>>,
 }
 
 impl Hosted {
+    /// No channels yet; the feeds of hosted channels will write the blocks of page entries
+    /// they complete to `pages`.
+    pub fn with_pages(pages: Arc<PageCache>) -> Hosted {
+        Hosted {
+            pages: Some(pages),
+            ..Hosted::default()
+        }
+    }
+
     fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Channel>> {
         self.channels.read().unwrap_or_else(|e| e.into_inner())
     }
@@ -127,7 +139,10 @@ impl Hosted {
                 (false, existing.feed.clone())
             }
             None => {
-                let feed = Arc::new(ChannelFeed::new(&spec.name));
+                let feed = Arc::new(match &self.pages {
+                    Some(pages) => ChannelFeed::with_pages(&spec.name, pages.clone()),
+                    None => ChannelFeed::new(&spec.name),
+                });
                 let name = spec.name.clone();
                 channels.insert(
                     name,

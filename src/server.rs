@@ -9,11 +9,12 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::batcher::{Batcher, ChannelFeed, Feeds};
+use crate::catchup::pages::{PageCache, PageFiles};
 use crate::cluster::Cluster;
-use crate::config::{Config, StoreConfig};
+use crate::config::{Config, PagesConfig, StoreConfig};
 use crate::external::External;
 use crate::fanout::{Fanout, FanoutParts};
-use crate::hosted::Declared;
+use crate::hosted::{Declared, Hosted};
 use crate::ownership::Ownership;
 use crate::store::{ClusterEvent, EmbeddedStore, RedisStore, Store, StoreError};
 use crate::work::Work;
@@ -77,7 +78,7 @@ pub async fn run(
         metrics: crate::telemetry::install(),
         control: hub.control.clone(),
         rendered: Arc::default(),
-        pages: Arc::default(),
+        pages: hub.pages.clone(),
         xmpp: hub.xmpp.clone(),
     };
     // Declared ones and those of the admin API, by name.
@@ -125,6 +126,31 @@ fn store_summary(store: &StoreConfig) -> String {
     }
 }
 
+/// The cache of page entries `config` asks for: memory, and block files unless their size
+/// is 0 or their folder cannot be made (then memory only, with a warning).
+async fn open_pages(config: &PagesConfig) -> PageCache {
+    if config.files == 0 {
+        return PageCache::with_bound(config.memory);
+    }
+    let (dir, bound) = (config.dir.clone(), config.files);
+    let opened = tokio::task::spawn_blocking(move || match dir {
+        Some(dir) => PageFiles::open(&dir, bound),
+        None => PageFiles::temporary(bound),
+    })
+    .await
+    .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+    match opened {
+        Ok(files) => {
+            tracing::debug!(dir = %files.dir().display(), bytes = bound, "page entry files");
+            PageCache::with_files(config.memory, files)
+        }
+        Err(e) => {
+            tracing::warn!(dir = ?config.dir, error = %e, "cannot make the folder of page entry files; pages not in memory are rendered from the store");
+            PageCache::with_bound(config.memory)
+        }
+    }
+}
+
 /// A running hub without its web layer: the store, the feeds of the hosted channels, external
 /// topics, the fan-out, and on a shared store the cluster.
 pub struct Hub {
@@ -142,6 +168,9 @@ pub struct Hub {
     pub control: Arc<Control>,
     /// The XMPP PubSub bridge, when configured.
     pub xmpp: Option<Arc<crate::xmpp::Bridge>>,
+    /// The rendered entries of `changes?after=` pages (the feeds of hosted channels write
+    /// the blocks they complete).
+    pub pages: Arc<PageCache>,
 }
 
 /// How often every instance reloads the channels of the admin API (the announcements that
@@ -378,7 +407,8 @@ impl Hub {
     /// Starts batching, delivery and retention on `store`.
     pub async fn start(config: Arc<Config>, store: Arc<dyn Store>) -> Result<Hub, Error> {
         let work = Work::new();
-        let feeds: Feeds = Arc::default();
+        let pages = Arc::new(open_pages(&config.pages).await);
+        let feeds: Feeds = Arc::new(Hosted::with_pages(pages.clone()));
         for spec in config.channels.values() {
             feeds.put(spec.clone(), Declared::StartUp);
         }
@@ -513,6 +543,7 @@ impl Hub {
             work,
             resumed,
             control,
+            pages,
         })
     }
 
@@ -545,6 +576,10 @@ impl Hub {
         if let Some(cluster) = &self.cluster {
             cluster.release_all().await;
         }
+        // A temporary folder of page entry files goes (DATA_DIR/pages waits for the next
+        // start, which empties it).
+        let pages = self.pages.clone();
+        let _ = tokio::task::spawn_blocking(move || pages.close()).await;
     }
 }
 

@@ -404,9 +404,11 @@ pub async fn changes_after(
     })
 }
 
-/// The block of rendered entries holding `seq`, from the cache, else read and rendered (and
-/// kept when complete); a block that is not complete is read only up to `end`. `None`, or a
-/// block that starts after `seq`, when the log was trimmed meanwhile.
+/// The block of rendered entries holding `seq`: from memory; else its entries `seq..=end`
+/// from its file; else read from the store and rendered (and kept when complete). A block
+/// that is not complete is read only up to `end`. `None`, or a block that starts after `seq`,
+/// when the log was trimmed meanwhile. The caller checked that `seq` is retained: neither
+/// tier of the cache knows about retention.
 async fn page_block(
     log: Log<'_>,
     head: &ChannelHead,
@@ -426,6 +428,12 @@ async fn page_block(
     }
     let first = number * pages::BLOCK + 1;
     let last = first + pages::BLOCK - 1;
+    if let Some(found) = pages
+        .read(channel, &origin.epoch, number, seq..end.min(last) + 1)
+        .await
+    {
+        return Ok(Some(found));
+    }
     let complete = first >= head.oldest && last <= head.last;
     let (from, upto) = if complete {
         (first, last)

@@ -5,20 +5,47 @@
 //! the same for every page that covers them, whatever its `after` and `limit`. A page is its
 //! header (rendered per request: its `from`, `until`, seq range and `next` link depend on it)
 //! and slices of blocks. Only complete blocks are kept: all of their seqs written and still
-//! retained. Bounded by [`CACHE_BYTES`]; the block used least recently goes first.
+//! retained. Two tiers, each bounded, the block used least recently going first:
+//!
+//! - **memory** ([`PageCache`], [`CACHE_BYTES`] by default): the blocks rendered from the
+//!   store on a miss, and blocks read whole from a file while there is room;
+//! - **files** ([`PageFiles`], [`FILES_BYTES`] by default): one file per block, written when
+//!   a block is rendered, and as soon as a channel's feed publishes the notification that
+//!   completes a block (rendered from the notifications still in the feed's recent cache,
+//!   so no store read; a block they do not cover is written on its first miss). A miss in
+//!   memory reads only what the page needs from the file (the entry offsets, then the byte
+//!   range): the operating system's page cache does the caching, not the hub's memory.
+//!
+//! The folder of the files is a cache: it is emptied when the hub starts (see
+//! [`PageFiles::open`]). Neither tier knows about retention: the caller checks that the seqs
+//! it asks for are retained before it uses a block (`changes_after` does).
+//!
+//! A block file is a header, then the rendered entries:
+//!
+//! ```text
+//! "CHPAGES1"  first seq: u64  count: u64        (little endian)
+//! count × (end: u64, datetime: i128 unix nanoseconds, UTC)
+//! the entries' bytes (entry i is bytes end[i-1] .. end[i], end[-1] = 0)
+//! ```
 
 use std::collections::HashMap;
+use std::fs::File;
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use time::OffsetDateTime;
 
-use crate::model::Change;
+use crate::model::{Change, Notification};
 use crate::resourcesync::{self, RenderedEntries};
 
 /// Seqs per block.
 pub const BLOCK: u64 = 1_000;
-/// Most bytes of rendered entries kept, all channels together.
+/// Most bytes of rendered entries kept in memory, all channels together.
 pub const CACHE_BYTES: usize = 64 << 20;
+/// Most bytes of block files kept on disk, all channels together (`--page-files-size`).
+pub const FILES_BYTES: u64 = 2 << 30;
 
 /// The rendered entries of consecutive seqs, with the datetime of each (a page's `from` and
 /// `until` are those of its first and last entry).
@@ -32,21 +59,48 @@ pub struct Block {
 impl Block {
     /// Renders `changes`, whose seqs must follow each other; `None` if they do not.
     pub fn render(changes: &[Change]) -> Option<Block> {
-        let first = changes.first()?.seq;
-        let consecutive = changes
+        Block::render_parts(&[changes])
+    }
+
+    /// Renders the changes of `parts` in order, as one block; `None` unless their seqs follow
+    /// each other (across parts too) and there is at least one.
+    pub fn render_parts(parts: &[&[Change]]) -> Option<Block> {
+        let first = parts.iter().find_map(|p| p.first())?.seq;
+        let consecutive = parts
             .iter()
+            .flat_map(|p| p.iter())
             .enumerate()
             .all(|(i, c)| c.seq == first + i as u64);
-        consecutive.then(|| Block {
+        if !consecutive {
+            return None;
+        }
+        let mut entries = RenderedEntries {
+            bytes: Vec::new(),
+            ends: Vec::new(),
+        };
+        let mut datetimes = Vec::new();
+        for part in parts {
+            let rendered = resourcesync::write_change_entries(part);
+            let base = entries.bytes.len();
+            entries.bytes.extend_from_slice(&rendered.bytes);
+            entries.ends.extend(rendered.ends.iter().map(|e| base + e));
+            datetimes.extend(part.iter().map(|c| c.datetime));
+        }
+        Some(Block {
             first,
-            entries: resourcesync::write_change_entries(changes),
-            datetimes: changes.iter().map(|c| c.datetime).collect(),
+            entries,
+            datetimes,
         })
     }
 
     /// The seq of the last entry.
     pub fn last(&self) -> u64 {
         self.first + self.datetimes.len() as u64 - 1
+    }
+
+    /// Whether this is block number `number`, complete.
+    fn is_complete(&self, number: u64) -> bool {
+        self.first == number * BLOCK + 1 && self.datetimes.len() as u64 == BLOCK
     }
 
     fn bytes(&self) -> usize {
@@ -61,11 +115,102 @@ struct Key {
     block: u64,
 }
 
-/// The blocks kept (see the module docs).
+impl Key {
+    fn new(channel: &str, epoch: &str, block: u64) -> Key {
+        Key {
+            channel: channel.to_string(),
+            epoch: epoch.to_string(),
+            block,
+        }
+    }
+}
+
+/// Entries kept up to a bound of bytes, the one used least recently dropped first: the
+/// bookkeeping both tiers share (`V`: the block in memory, the file's size on disk).
+struct Lru<V> {
+    /// Key → (what is kept, its size, when last used: a counter).
+    entries: HashMap<Key, (V, u64, u64)>,
+    clock: u64,
+    bytes: u64,
+    bound: u64,
+}
+
+impl<V: Clone> Lru<V> {
+    fn new(bound: u64) -> Lru<V> {
+        Lru {
+            entries: HashMap::new(),
+            clock: 0,
+            bytes: 0,
+            bound,
+        }
+    }
+
+    fn get(&mut self, key: &Key) -> Option<V> {
+        self.clock += 1;
+        let now = self.clock;
+        let (found, _, used) = self.entries.get_mut(key)?;
+        *used = now;
+        Some(found.clone())
+    }
+
+    /// Keeps `value`; returns the keys dropped to stay within the bound (`value` itself
+    /// when it alone is larger).
+    fn insert(&mut self, key: Key, value: V, size: u64) -> Vec<Key> {
+        self.clock += 1;
+        if let Some((_, old, _)) = self.entries.insert(key, (value, size, self.clock)) {
+            self.bytes -= old;
+        }
+        self.bytes += size;
+        let mut dropped = Vec::new();
+        while self.bytes > self.bound {
+            let Some(oldest) = self
+                .entries
+                .iter()
+                .min_by_key(|(_, (_, _, used))| *used)
+                .map(|(k, _)| k.clone())
+            else {
+                break;
+            };
+            self.remove(&oldest);
+            dropped.push(oldest);
+        }
+        dropped
+    }
+
+    fn remove(&mut self, key: &Key) {
+        if let Some((_, size, _)) = self.entries.remove(key) {
+            self.bytes -= size;
+        }
+    }
+
+    fn forget_all(&mut self) {
+        self.entries.clear();
+        self.bytes = 0;
+    }
+
+    /// Drops every entry of `channel`; returns their keys.
+    fn forget(&mut self, channel: &str) -> Vec<Key> {
+        let gone: Vec<Key> = self
+            .entries
+            .keys()
+            .filter(|k| k.channel == channel)
+            .cloned()
+            .collect();
+        for key in &gone {
+            self.remove(key);
+        }
+        gone
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The blocks kept (see the module docs): in memory, and in files when a folder is given.
 pub struct PageCache {
-    inner: Mutex<Inner>,
-    /// Most bytes kept.
-    bound: usize,
+    memory: Mutex<Lru<Arc<Block>>>,
+    files: Option<Arc<PageFiles>>,
 }
 
 impl Default for PageCache {
@@ -74,84 +219,376 @@ impl Default for PageCache {
     }
 }
 
-#[derive(Default)]
-struct Inner {
-    /// Key → (block, when last used: a counter).
-    blocks: HashMap<Key, (Arc<Block>, u64)>,
-    clock: u64,
-    bytes: usize,
-}
-
 impl PageCache {
-    /// A cache keeping at most `bound` bytes.
+    /// A cache keeping at most `bound` bytes in memory, and no files.
     pub fn with_bound(bound: usize) -> PageCache {
         PageCache {
-            inner: Mutex::default(),
-            bound,
+            memory: Mutex::new(Lru::new(bound as u64)),
+            files: None,
         }
     }
 
-    /// Block number `block` of `channel` in `epoch`, if kept.
-    pub fn get(&self, channel: &str, epoch: &str, block: u64) -> Option<Arc<Block>> {
-        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        inner.clock += 1;
-        let now = inner.clock;
-        let key = Key {
-            channel: channel.to_string(),
-            epoch: epoch.to_string(),
-            block,
-        };
-        let (found, used) = inner.blocks.get_mut(&key)?;
-        *used = now;
-        Some(found.clone())
+    /// A cache keeping at most `bound` bytes in memory, and block files in `files`.
+    pub fn with_files(bound: usize, files: PageFiles) -> PageCache {
+        PageCache {
+            files: Some(Arc::new(files)),
+            ..PageCache::with_bound(bound)
+        }
     }
 
-    /// Keeps a complete block (`BLOCK` entries from seq `block·BLOCK + 1`); anything else is
-    /// not kept.
+    /// Block number `block` of `channel` in `epoch`, if kept in memory.
+    pub fn get(&self, channel: &str, epoch: &str, block: u64) -> Option<Arc<Block>> {
+        lock(&self.memory).get(&Key::new(channel, epoch, block))
+    }
+
+    /// Entries `seqs` of block number `block` of `channel` in `epoch` (all of them within
+    /// that block), from its file if there is one; the whole block instead when memory has
+    /// room for it (it is then kept in memory too). Reads on a blocking thread.
+    pub async fn read(
+        &self,
+        channel: &str,
+        epoch: &str,
+        block: u64,
+        seqs: Range<u64>,
+    ) -> Option<Arc<Block>> {
+        let files = self.files.clone()?;
+        let key = Key::new(channel, epoch, block);
+        let size = files.size(&key)?;
+        let whole = {
+            let memory = lock(&self.memory);
+            memory.bytes + size <= memory.bound
+        };
+        let entries = if whole {
+            None
+        } else {
+            let first = block * BLOCK + 1;
+            Some((seqs.start - first) as usize..(seqs.end - first) as usize)
+        };
+        let read = {
+            let key = key.clone();
+            tokio::task::spawn_blocking(move || files.read(&key, entries)).await
+        };
+        let found = Arc::new(read.ok()??);
+        if whole {
+            self.keep_in_memory(key, found.clone());
+        }
+        Some(found)
+    }
+
+    /// Keeps a complete block (`BLOCK` entries from seq `block·BLOCK + 1`) in memory and, on
+    /// a blocking thread, in its file; anything else is not kept.
     pub fn keep(&self, channel: &str, epoch: &str, block: u64, found: Arc<Block>) {
-        if found.first != block * BLOCK + 1 || found.datetimes.len() as u64 != BLOCK {
+        if !found.is_complete(block) {
             return;
         }
-        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        inner.clock += 1;
-        let now = inner.clock;
-        let key = Key {
-            channel: channel.to_string(),
-            epoch: epoch.to_string(),
-            block,
+        let key = Key::new(channel, epoch, block);
+        self.write_file(key.clone(), found.clone());
+        self.keep_in_memory(key, found);
+    }
+
+    fn keep_in_memory(&self, key: Key, found: Arc<Block>) {
+        let size = found.bytes() as u64;
+        lock(&self.memory).insert(key, found, size);
+    }
+
+    /// Writes the file of a complete block in the background, unless it has one.
+    fn write_file(&self, key: Key, found: Arc<Block>) {
+        let Some(files) = self.files.clone() else {
+            return;
         };
-        let size = found.bytes();
-        if let Some((old, _)) = inner.blocks.insert(key, (found, now)) {
-            inner.bytes -= old.bytes();
+        if files.size(&key).is_some() || tokio::runtime::Handle::try_current().is_err() {
+            return;
         }
-        inner.bytes += size;
-        while inner.bytes > self.bound {
-            let Some(oldest) = inner
-                .blocks
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = files.write(&key, &found) {
+                tracing::warn!(channel = %key.channel, block = key.block, error = %e, "cannot write a block of rendered page entries");
+            }
+        });
+    }
+
+    /// A channel's feed published `n`, with `recent` (its recent notifications, in order,
+    /// `n` last): each block that `n` completes gets its file, rendered from `recent` in the
+    /// background, when `recent` covers it (otherwise it is rendered on its first miss).
+    pub fn published(&self, epoch: &str, recent: &[Arc<Notification>], n: &Notification) {
+        let Some(files) = &self.files else {
+            return;
+        };
+        if tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        // Blocks whose last seq is in n.first..=n.last.
+        for number in n.first.div_ceil(BLOCK).saturating_sub(1)..n.last / BLOCK {
+            let key = Key::new(&n.channel, epoch, number);
+            let (first, last) = (number * BLOCK + 1, (number + 1) * BLOCK);
+            if files.size(&key).is_some() {
+                continue;
+            }
+            let parts: Vec<Arc<Notification>> = recent
                 .iter()
-                .min_by_key(|(_, (_, used))| *used)
-                .map(|(k, _)| k.clone())
-            else {
-                break;
-            };
-            if let Some((gone, _)) = inner.blocks.remove(&oldest) {
-                inner.bytes -= gone.bytes();
+                .filter(|m| m.last >= first && m.first <= last)
+                .cloned()
+                .collect();
+            if parts.first().is_none_or(|p| p.first > first) {
+                continue;
+            }
+            let files = files.clone();
+            tokio::task::spawn_blocking(move || {
+                let slices: Vec<&[Change]> = parts
+                    .iter()
+                    .map(|m| {
+                        let from = m.changes.partition_point(|c| c.seq < first);
+                        let to = m.changes.partition_point(|c| c.seq <= last);
+                        &m.changes[from..to]
+                    })
+                    .collect();
+                // Not complete: a gap between the notifications (left to its first miss).
+                let Some(block) = Block::render_parts(&slices).filter(|b| b.is_complete(number))
+                else {
+                    return;
+                };
+                if let Err(e) = files.write(&key, &block) {
+                    tracing::warn!(channel = %key.channel, block = number, error = %e, "cannot write a block of rendered page entries");
+                }
+            });
+        }
+    }
+
+    /// The hub stops: a temporary folder of files is removed (files being read meanwhile
+    /// stay readable; later reads miss). Blocking.
+    pub fn close(&self) {
+        if let Some(files) = &self.files {
+            lock(&files.index).forget_all();
+            drop(lock(&files.temporary).take());
+        }
+    }
+
+    /// Forgets a channel's blocks (it was deleted), in memory and on disk.
+    pub fn forget(&self, channel: &str) {
+        lock(&self.memory).forget(channel);
+        if let Some(files) = &self.files {
+            files.forget(channel);
+        }
+    }
+}
+
+/// The block files (see the module docs): a folder per channel and epoch, a file per block,
+/// at most a bound of bytes in all (the least recently used removed first). The index of
+/// the files is in memory; files this index does not know are never read.
+pub struct PageFiles {
+    dir: PathBuf,
+    /// Key → the file's size.
+    index: Mutex<Lru<u64>>,
+    /// A folder made for this process, when no folder was given: removed by
+    /// [`PageCache::close`], or when dropped.
+    temporary: Mutex<Option<tempfile::TempDir>>,
+}
+
+/// The magic number at the start of a block file (its format's version).
+const MAGIC: &[u8; 8] = b"CHPAGES1";
+/// Bytes of a block file's fixed header: magic, first seq, count.
+const FIXED: u64 = 24;
+/// Bytes per entry in the header: end offset, datetime.
+const RECORD: u64 = 24;
+
+impl PageFiles {
+    /// Block files in `dir`, at most `bound` bytes of them. `dir` is a cache: whatever is
+    /// in it is removed first. Blocking.
+    pub fn open(dir: &Path, bound: u64) -> io::Result<PageFiles> {
+        match std::fs::remove_dir_all(dir) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        std::fs::create_dir_all(dir)?;
+        Ok(PageFiles {
+            dir: dir.to_path_buf(),
+            index: Mutex::new(Lru::new(bound)),
+            temporary: Mutex::new(None),
+        })
+    }
+
+    /// Block files in a new temporary folder (`changehub-pages-…` in the system's), removed
+    /// by [`PageCache::close`] or when this is dropped. Blocking.
+    pub fn temporary(bound: u64) -> io::Result<PageFiles> {
+        let dir = tempfile::Builder::new()
+            .prefix("changehub-pages-")
+            .tempdir()?;
+        Ok(PageFiles {
+            dir: dir.path().to_path_buf(),
+            index: Mutex::new(Lru::new(bound)),
+            temporary: Mutex::new(Some(dir)),
+        })
+    }
+
+    /// Where the files are.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn path(&self, key: &Key) -> PathBuf {
+        self.dir
+            .join(&key.channel)
+            .join(&key.epoch)
+            .join(key.block.to_string())
+    }
+
+    /// The size of the file of `key`, if there is one (it counts as used).
+    fn size(&self, key: &Key) -> Option<u64> {
+        lock(&self.index).get(key)
+    }
+
+    /// Writes the file of a complete block (to a temporary name, then renamed), and removes
+    /// the files used least recently beyond the bound. Blocking.
+    fn write(&self, key: &Key, block: &Block) -> io::Result<()> {
+        if !plain_name(&key.channel) || !plain_name(&key.epoch) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a channel or epoch that is no plain file name",
+            ));
+        }
+        let path = self.path(key);
+        let folder = path.parent().unwrap_or(&self.dir);
+        std::fs::create_dir_all(folder)?;
+        let mut temp = tempfile::NamedTempFile::new_in(folder)?;
+        let mut header =
+            Vec::with_capacity((FIXED + RECORD * block.datetimes.len() as u64) as usize);
+        header.extend_from_slice(MAGIC);
+        header.extend_from_slice(&block.first.to_le_bytes());
+        header.extend_from_slice(&(block.datetimes.len() as u64).to_le_bytes());
+        for (end, datetime) in block.entries.ends.iter().zip(&block.datetimes) {
+            header.extend_from_slice(&(*end as u64).to_le_bytes());
+            header.extend_from_slice(&datetime.unix_timestamp_nanos().to_le_bytes());
+        }
+        temp.write_all(&header)?;
+        temp.write_all(&block.entries.bytes)?;
+        temp.persist(&path).map_err(|e| e.error)?;
+        let size = (header.len() + block.entries.bytes.len()) as u64;
+        let dropped = lock(&self.index).insert(key.clone(), size, size);
+        for gone in dropped {
+            // Already out of the index: a failure only leaves a file nobody reads.
+            let _ = std::fs::remove_file(self.path(&gone));
+        }
+        Ok(())
+    }
+
+    /// Reads the entries `entries` (indices within the block; all of them when `None`) of the
+    /// file of `key`. `None` when there is no such file or it is not what it should be (it is
+    /// then forgotten). Blocking.
+    fn read(&self, key: &Key, entries: Option<Range<usize>>) -> Option<Block> {
+        match read_block(&self.path(key), key.block * BLOCK + 1, entries) {
+            Ok(block) => Some(block),
+            Err(e) => {
+                tracing::warn!(channel = %key.channel, block = key.block, error = %e, "cannot read a block of rendered page entries; rendering it again");
+                lock(&self.index).remove(key);
+                None
             }
         }
     }
 
-    /// Forgets a channel's blocks (it was deleted).
-    pub fn forget(&self, channel: &str) {
-        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let Inner { blocks, bytes, .. } = &mut *inner;
-        blocks.retain(|k, (b, _)| {
-            let keep = k.channel != channel;
-            if !keep {
-                *bytes -= b.bytes();
+    /// Forgets and removes a channel's files.
+    fn forget(&self, channel: &str) {
+        lock(&self.index).forget(channel);
+        if !plain_name(channel) {
+            return;
+        }
+        // Moved aside at once (a channel of the same name may come back), removed in the
+        // background.
+        let aside = self
+            .dir
+            .join(format!(".forgotten-{:016x}", rand::random::<u64>()));
+        if std::fs::rename(self.dir.join(channel), &aside).is_ok() {
+            let remove = move || {
+                let _ = std::fs::remove_dir_all(&aside);
+            };
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => drop(rt.spawn_blocking(remove)),
+                Err(_) => remove(),
             }
-            keep
-        });
+        }
     }
+}
+
+/// Whether `name` can be a folder's name under the folder of the files as it is (channel
+/// names and epochs always can; this only makes sure).
+fn plain_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+}
+
+fn corrupt(what: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, what.to_string())
+}
+
+/// Reads entries `entries` (all when `None`) of the block file at `path`, which must hold
+/// the block starting at seq `first` (see the module docs for the format).
+fn read_block(path: &Path, first: u64, entries: Option<Range<usize>>) -> io::Result<Block> {
+    let mut file = File::open(path)?;
+    let mut fixed = [0u8; FIXED as usize];
+    file.read_exact(&mut fixed)?;
+    let u64_at = |b: &[u8], at: usize| {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(&b[at..at + 8]);
+        u64::from_le_bytes(word)
+    };
+    if &fixed[..8] != MAGIC || u64_at(&fixed, 8) != first {
+        return Err(corrupt("not the block file expected"));
+    }
+    let count = u64_at(&fixed, 16);
+    let length = file.metadata()?.len();
+    let data = count
+        .checked_mul(RECORD)
+        .and_then(|r| r.checked_add(FIXED))
+        .filter(|&data| data <= length)
+        .ok_or_else(|| corrupt("a block file shorter than its header"))?;
+    let count = count as usize;
+    let entries = entries.unwrap_or(0..count);
+    if entries.is_empty() || entries.end > count {
+        return Err(corrupt("no such entries in the block file"));
+    }
+    // The records of entries.start − 1 (where the first entry starts) ..= entries.end − 1.
+    let from = entries.start.saturating_sub(1);
+    let mut records = vec![0u8; (entries.end - from) * RECORD as usize];
+    file.seek(SeekFrom::Start(FIXED + from as u64 * RECORD))?;
+    file.read_exact(&mut records)?;
+    let record = |i: usize| {
+        let at = (i - from) * RECORD as usize;
+        let mut nanos = [0u8; 16];
+        nanos.copy_from_slice(&records[at + 8..at + 24]);
+        (u64_at(&records, at), i128::from_le_bytes(nanos))
+    };
+    let start = if entries.start == 0 {
+        0
+    } else {
+        record(entries.start - 1).0
+    };
+    let mut ends = Vec::with_capacity(entries.len());
+    let mut datetimes = Vec::with_capacity(entries.len());
+    let mut previous = start;
+    for i in entries.clone() {
+        let (end, nanos) = record(i);
+        if end < previous {
+            return Err(corrupt("entry offsets going backwards"));
+        }
+        previous = end;
+        ends.push((end - start) as usize);
+        datetimes.push(
+            OffsetDateTime::from_unix_timestamp_nanos(nanos)
+                .map_err(|_| corrupt("a datetime out of range"))?,
+        );
+    }
+    if data + previous > length {
+        return Err(corrupt("entry offsets beyond the end of the block file"));
+    }
+    let mut bytes = vec![0u8; (previous - start) as usize];
+    file.seek(SeekFrom::Start(data + start))?;
+    file.read_exact(&mut bytes)?;
+    Ok(Block {
+        first: first + entries.start as u64,
+        entries: RenderedEntries { bytes, ends },
+        datetimes,
+    })
 }
 
 #[cfg(test)]
@@ -163,13 +600,24 @@ mod tests {
         (first..first + n)
             .map(|seq| {
                 let new = NewChange::new(format!("http://example.com/{seq}"), ChangeType::Updated);
-                Change::from_new(seq, new, OffsetDateTime::UNIX_EPOCH)
+                // Datetimes with nanoseconds, some before 1970, all different.
+                let at = OffsetDateTime::UNIX_EPOCH
+                    + time::Duration::new(seq as i64 * 3_601 - 7_200, seq as i32 * 1_013);
+                Change::from_new(seq, new, at)
             })
             .collect()
     }
 
     fn block(first: u64, n: u64) -> Arc<Block> {
         Arc::new(Block::render(&changes(first, n)).unwrap())
+    }
+
+    fn key(block: u64) -> Key {
+        Key::new("c", "e", block)
+    }
+
+    fn memory_bytes(cache: &PageCache) -> u64 {
+        lock(&cache.memory).bytes
     }
 
     #[test]
@@ -185,7 +633,7 @@ mod tests {
         assert!(cache.get("d", "e1", 1).is_none(), "another channel");
         cache.forget("c");
         assert!(cache.get("c", "e1", 1).is_none());
-        assert_eq!(cache.inner.lock().unwrap().bytes, 0);
+        assert_eq!(memory_bytes(&cache), 0);
     }
 
     #[test]
@@ -194,6 +642,11 @@ mod tests {
         gap[2].seq = 5;
         assert!(Block::render(&gap).is_none());
         assert!(Block::render(&[]).is_none());
+        let (a, b) = gap.split_at(2);
+        assert!(
+            Block::render_parts(&[a, b]).is_none(),
+            "a gap between parts"
+        );
 
         let size = block(1, BLOCK).bytes();
         let cache = PageCache::with_bound(size * 2 + size / 2);
@@ -206,6 +659,183 @@ mod tests {
         cache.keep("c", "e", 2, block(2 * BLOCK + 1, BLOCK));
         assert!(cache.get("c", "e", 1).is_none(), "1 went");
         assert!(cache.get("c", "e", 0).is_some() && cache.get("c", "e", 2).is_some());
-        assert!(cache.inner.lock().unwrap().bytes <= size * 2 + size / 2);
+        assert!(memory_bytes(&cache) <= (size * 2 + size / 2) as u64);
+    }
+
+    #[test]
+    fn a_block_rendered_in_parts_is_the_block_rendered_whole() {
+        let all = changes(1, BLOCK);
+        let whole = Block::render(&all).unwrap();
+        let parts = Block::render_parts(&[&all[..1], &all[1..400], &[], &all[400..]]).unwrap();
+        assert_eq!(parts.first, whole.first);
+        assert_eq!(parts.entries.bytes, whole.entries.bytes);
+        assert_eq!(parts.entries.ends, whole.entries.ends);
+        assert_eq!(parts.datetimes, whole.datetimes);
+    }
+
+    /// What a block file gives back is what was written: the bytes, the entry boundaries and
+    /// the datetimes (to the nanosecond) of any range of entries, or of all of them.
+    #[test]
+    fn block_files_give_back_any_range_of_their_entries() {
+        let files = PageFiles::temporary(FILES_BYTES).unwrap();
+        let written = block(BLOCK + 1, BLOCK);
+        files.write(&key(1), &written).unwrap();
+        assert!(files.size(&key(1)).is_some());
+        for range in [0..1000, 0..1, 999..1000, 1..999, 500..501, 17..640] {
+            let read = files.read(&key(1), Some(range.clone())).unwrap();
+            assert_eq!(read.first, BLOCK + 1 + range.start as u64, "{range:?}");
+            assert_eq!(read.last(), BLOCK + range.end as u64, "{range:?}");
+            assert_eq!(read.entries.bytes, written.entries.slice(range.clone()));
+            for i in 0..range.len() {
+                assert_eq!(
+                    read.entries.slice(i..i + 1),
+                    written.entries.slice(range.start + i..range.start + i + 1)
+                );
+            }
+            assert_eq!(read.datetimes, written.datetimes[range.clone()]);
+        }
+        let whole = files.read(&key(1), None).unwrap();
+        assert_eq!(whole.entries.bytes, written.entries.bytes);
+        assert_eq!(whole.entries.ends, written.entries.ends);
+        assert_eq!(whole.datetimes, written.datetimes);
+        assert!(
+            files.read(&key(1), Some(0..1001)).is_none(),
+            "no entry 1000"
+        );
+    }
+
+    #[test]
+    fn a_damaged_or_misplaced_block_file_is_a_miss_and_forgotten() {
+        let files = PageFiles::temporary(FILES_BYTES).unwrap();
+        files.write(&key(0), &block(1, BLOCK)).unwrap();
+        files.write(&key(1), &block(BLOCK + 1, BLOCK)).unwrap();
+        // Block 0's file in the place of block 1's.
+        std::fs::copy(files.path(&key(0)), files.path(&key(1))).unwrap();
+        assert!(files.read(&key(1), Some(0..10)).is_none());
+        assert!(files.size(&key(1)).is_none(), "forgotten");
+        // Cut short.
+        let file = File::options()
+            .write(true)
+            .open(files.path(&key(0)))
+            .unwrap();
+        file.set_len(FIXED + RECORD * BLOCK + 10).unwrap();
+        assert!(files.read(&key(0), Some(990..1000)).is_none());
+        assert!(files.size(&key(0)).is_none(), "forgotten");
+    }
+
+    #[test]
+    fn block_files_are_bounded_the_least_recently_used_removed() {
+        let probe = PageFiles::temporary(FILES_BYTES).unwrap();
+        probe.write(&key(0), &block(1, BLOCK)).unwrap();
+        let size = probe.size(&key(0)).unwrap();
+        let files = PageFiles::temporary(size * 2 + size / 2).unwrap();
+        files.write(&key(0), &block(1, BLOCK)).unwrap();
+        files.write(&key(1), &block(BLOCK + 1, BLOCK)).unwrap();
+        assert!(
+            files.size(&key(0)).is_some(),
+            "0 is now the most recently used"
+        );
+        files.write(&key(2), &block(2 * BLOCK + 1, BLOCK)).unwrap();
+        assert!(files.size(&key(1)).is_none(), "1 went");
+        assert!(!files.path(&key(1)).exists(), "and its file");
+        for kept in [0, 2] {
+            assert!(files.read(&key(kept), Some(0..1)).is_some());
+        }
+        let kept = files.size(&key(0)).unwrap() + files.size(&key(2)).unwrap();
+        assert_eq!(lock(&files.index).bytes, kept);
+        files.forget("c");
+        assert_eq!(lock(&files.index).bytes, 0);
+        assert!(
+            !files.dir().join("c").exists(),
+            "the channel's folder moved aside"
+        );
+    }
+
+    #[test]
+    fn a_temporary_folder_is_removed_when_the_cache_closes() {
+        let cache = PageCache::with_files(0, PageFiles::temporary(FILES_BYTES).unwrap());
+        let files = cache.files.clone().unwrap();
+        files.write(&key(0), &block(1, BLOCK)).unwrap();
+        assert!(files.dir().is_dir());
+        cache.close();
+        assert!(!files.dir().exists());
+        assert!(files.size(&key(0)).is_none());
+    }
+
+    #[test]
+    fn the_folder_of_block_files_is_emptied_when_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let pages = dir.path().join("pages");
+        std::fs::create_dir_all(pages.join("c/e")).unwrap();
+        std::fs::write(pages.join("c/e/0"), b"left from before").unwrap();
+        let files = PageFiles::open(&pages, FILES_BYTES).unwrap();
+        assert_eq!(std::fs::read_dir(&pages).unwrap().count(), 0);
+        assert!(files.size(&key(0)).is_none());
+    }
+
+    /// Waits (bounded) until `files` has the file of `key`.
+    async fn written(files: &PageFiles, key: &Key) -> bool {
+        for _ in 0..500 {
+            if files.size(key).is_some() {
+                return true;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        false
+    }
+
+    #[tokio::test]
+    async fn a_block_is_written_when_a_notification_completes_it() {
+        let cache = PageCache::with_files(0, PageFiles::temporary(FILES_BYTES).unwrap());
+        let files = cache.files.clone().unwrap();
+        let notification = |first: u64, last: u64| {
+            Arc::new(Notification {
+                channel: "c".into(),
+                first,
+                last,
+                changes: changes(first, last - first + 1),
+                body: Default::default(),
+                accepted_at: None,
+            })
+        };
+        // 1..=1500 in three notifications: block 0 is complete with the second.
+        let recent = [
+            notification(1, 600),
+            notification(601, 1200),
+            notification(1201, 1500),
+        ];
+        cache.published("e", &recent[..1], &recent[0]);
+        cache.published("e", &recent[..2], &recent[1]);
+        assert!(written(&files, &key(0)).await);
+        let read = files.read(&key(0), None).unwrap();
+        assert_eq!(read.entries.bytes, block(1, BLOCK).entries.bytes);
+        // Block 1 completes with a notification whose first part is no longer in `recent`:
+        // left to its first miss.
+        let fourth = notification(1501, 2100);
+        cache.published("e", &[recent[2].clone(), fourth.clone()], &fourth);
+        let fifth = notification(2101, 3000);
+        cache.published("e", &[fourth.clone(), fifth.clone()], &fifth);
+        assert!(written(&files, &key(2)).await, "block 2: two notifications");
+        assert!(files.size(&key(1)).is_none());
+
+        // A miss in memory (which keeps nothing here) reads what the page needs from the file.
+        let page = cache.read("c", "e", 2, 2501..2601).await.unwrap();
+        assert_eq!((page.first, page.last()), (2501, 2600));
+        assert!(cache.get("c", "e", 2).is_none());
+        assert!(
+            cache.read("c", "e", 1, 1001..1002).await.is_none(),
+            "no file"
+        );
+        assert!(cache.read("c", "other", 2, 2001..2002).await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_block_read_from_its_file_is_kept_in_memory_while_there_is_room() {
+        let cache = PageCache::with_files(CACHE_BYTES, PageFiles::temporary(FILES_BYTES).unwrap());
+        let files = cache.files.clone().unwrap();
+        files.write(&key(0), &block(1, BLOCK)).unwrap();
+        let found = cache.read("c", "e", 0, 5..7).await.unwrap();
+        assert_eq!((found.first, found.last()), (1, BLOCK), "the whole block");
+        assert!(cache.get("c", "e", 0).is_some());
     }
 }

@@ -242,6 +242,45 @@ async fn an_empty_change_list_has_its_from() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pages_are_the_same_whichever_blocks_they_span() {
     let hub = TestHub::start(|_| {}).await;
+    pages_whichever_blocks_they_span(&hub).await;
+}
+
+/// The same with a memory tier that keeps nothing: every block a page needs is read from its
+/// file (written as the feed published the notification that completed it, or when the
+/// block was first rendered), and the pages are byte for byte the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_from_block_files_are_the_pages_rendered_whole() {
+    let hub = TestHub::start(|c| c.pages.memory = 0).await;
+    pages_whichever_blocks_they_span(&hub).await;
+    assert!(block_file(&hub, 0).is_file() && block_file(&hub, 1).is_file());
+    assert!(!block_file(&hub, 2).exists(), "block 2 is not complete");
+}
+
+/// The file of block `block` of the test channel (whatever its epoch); waits (bounded) for
+/// it to be written.
+fn block_file(hub: &TestHub, block: u64) -> std::path::PathBuf {
+    let channel = hub.data_dir.join("pages").join(CHANNEL);
+    let epoch = std::fs::read_dir(&channel)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.is_dir())
+        .expect("a folder for the epoch");
+    epoch.join(block.to_string())
+}
+
+/// Waits (bounded) until the file of block `block` is written.
+async fn wait_block_file(hub: &TestHub, block: u64) {
+    wait_until(
+        "the block file is written",
+        Duration::from_secs(10),
+        || async {
+            hub.data_dir.join("pages").join(CHANNEL).is_dir() && block_file(hub, block).is_file()
+        },
+    )
+    .await;
+}
+
+async fn pages_whichever_blocks_they_span(hub: &TestHub) {
     hub.push("a", 1000).await;
     hub.push("b", 1000).await;
     let (_, head) = hub.push("c", 500).await;
@@ -275,6 +314,8 @@ async fn pages_are_the_same_whichever_blocks_they_span() {
     };
     let every = entries_of(&all_text);
     assert_eq!(every.len(), 2500);
+    wait_block_file(hub, 0).await;
+    wait_block_file(hub, 1).await;
     for (after, limit) in [
         (0, 1000),
         (999, 2),
@@ -312,4 +353,36 @@ async fn pages_are_the_same_whichever_blocks_they_span() {
             "after={after} limit={limit}: the entries of the whole log"
         );
     }
+}
+
+/// Retention is checked before any block is used: a range trimmed away is answered 410 with
+/// the oldest retained seq, even though the file of its block is still there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trimmed_range_is_gone_even_with_its_block_file() {
+    let hub = TestHub::start(|c| {
+        c.pages.memory = 0;
+        let retention = &mut c.channels.get_mut(CHANNEL).unwrap().retention;
+        retention.max_changes = 1000;
+        retention.list_size = 1000;
+        c.trim_interval = Duration::from_millis(20);
+    })
+    .await;
+    hub.push("a", 1000).await;
+    let first = format!("{}/channels/{CHANNEL}/changes?after=0", hub.url);
+    let resp = hub.client.get(&first).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    wait_block_file(&hub, 0).await;
+    hub.push("b", 1000).await;
+    hub.wait_trimmed_past(0).await;
+    assert!(
+        block_file(&hub, 0).is_file(),
+        "the file of block 0 is still there"
+    );
+    for after in [0, 500, 999] {
+        let url = format!("{}/channels/{CHANNEL}/changes?after={after}", hub.url);
+        let resp = hub.client.get(&url).send().await.unwrap();
+        assert_eq!(resp.status(), 410, "after={after}");
+        assert_eq!(resp.headers()["x-changehub-oldest"], "1001");
+    }
+    assert_eq!(hub.catch_up(1000).await, (1001..=2000).collect::<Vec<_>>());
 }
