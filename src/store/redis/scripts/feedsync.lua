@@ -89,6 +89,34 @@ local function sx_simple(id, updates, seq, when, by, deleted)
 end
 local SX_SIMPLE = '^{"id":"([^"]*)","updates":(%d+),"history":%[{"sequence":(%d+),"when":%-?%d+,"by":"([^"\\]*)"}%](.*)$'
 
+-- Whether log entry `e` of `loc` is a deletion. The entry's JSON starts with
+-- {"loc":"LOC","change":"KIND"; when LOC needed no escaping in JSON (nearly always), KIND is
+-- at a known place and is looked at there (a pattern match per change cost more than the rest
+-- of recording it). An escaped loc cannot hold `","change":"` (every quote in it follows a
+-- backslash), so the plain find answers exactly.
+local function sx_deleted(e, loc)
+  local at = 23 + 8 + #loc + 1
+  if string.find(e, '","change":"', at, true) == at then
+    return string.byte(e, at + 12) == 100 -- 'd'eleted (the others: created, updated)
+  end
+  return string.match(e, '^%d+{"loc":".-","change":"(%a+)"') == 'deleted'
+end
+
+-- The publisher of log entry `e`, from its last field `,"source":"NAME"}` (nil when it has
+-- none). Every change of one append has the same publisher: after the first, a plain
+-- comparison of the entry's end with the last one found does.
+local sx_last_by, sx_last_tail
+local function sx_by(e)
+  if sx_last_tail and string.find(e, sx_last_tail, #e - #sx_last_tail + 1, true) then
+    return sx_last_by
+  end
+  local by = string.match(e, ',"source":"([^"\\]+)"}$')
+  if by then
+    sx_last_by, sx_last_tail = by, ',"source":"' .. by .. '"}'
+  end
+  return by
+end
+
 -- Reads the stored items of `locs` with HMGET, in pieces, before the changes are recorded.
 local function sx_prefetch(key, locs)
   local piece = {}
@@ -122,11 +150,10 @@ local function sx_record(key, loc, e, d)
   if sx_merged[loc] then
     item = cjson.decode(sx_merged[loc])
   else
-    local kind = string.match(e, '^%d+{"loc":".-","change":"(%a+)"')
-    local by = string.match(e, ',"source":"([^"\\]+)"}$')
+    local deleted = sx_deleted(e, loc)
+    local by = sx_by(e)
     -- Whole seconds since the epoch: the key is nanoseconds + 10^21.
     local when = tonumber(string.sub(d, 1, 14)) - 1000000000000
-    local deleted = kind == 'deleted'
     if not item then
       if by ~= nil then
         item = sx_simple(sx_id(loc), 1, 1, when, by, deleted)
