@@ -56,6 +56,8 @@ pub const DEFAULT_CACHE: usize = 256 << 20;
 
 /// Most appends committed in one transaction.
 const MAX_GROUP: usize = 256;
+/// Most delivery states in one transaction (see [`commit_deliveries`]).
+const STATE_CHUNK: usize = 128;
 
 /// Per-channel bookkeeping kept beside the log.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -312,7 +314,7 @@ fn writer_loop(handle: &Handle, rx: std_mpsc::Receiver<WriteJob>, heads: &Heads)
             commit_appends(handle, heads, appends);
         }
         if !deliveries.is_empty() {
-            commit_deliveries(handle, deliveries);
+            commit_deliveries(handle, heads, &rx, deliveries);
         }
     }
 }
@@ -345,34 +347,66 @@ fn commit_appends(handle: &Handle, heads: &Heads, mut jobs: Vec<AppendJob>) {
     }
 }
 
-/// Commits every state of `jobs` in one transaction that is not fsynced; a state whose
-/// subscription was deleted meanwhile is dropped.
-fn commit_deliveries(handle: &Handle, jobs: Vec<DeliveryJob>) {
-    let outcome = handle.db_for(true, jobs.len()).and_then(|db| {
-        let write = || {
-            let mut txn = db.begin_write().map_err(failed)?;
-            txn.set_durability(Durability::None).map_err(failed)?;
-            {
-                let subs = txn.open_table(SUBSCRIPTIONS).map_err(failed)?;
-                let mut table = txn.open_table(DELIVERY).map_err(failed)?;
-                for (id, bytes) in jobs.iter().flat_map(|j| &j.states) {
-                    if subs.get(id.as_str()).map_err(failed)?.is_some() {
-                        table
-                            .insert(id.as_str(), bytes.as_slice())
-                            .map_err(failed)?;
-                    }
+/// Commits the states of `jobs` in transactions that are not fsynced, [`STATE_CHUNK`] states
+/// each; a state whose subscription was deleted meanwhile is dropped. Between two chunks the
+/// appends that came meanwhile are committed first (delivery states that came are written
+/// after the rest), so an append waits for at most one chunk, not for a whole batch of states
+/// (a batch holds one state per subscription served in the last [`crate::fanout::progress::EVERY`]).
+fn commit_deliveries(
+    handle: &Handle,
+    heads: &Heads,
+    rx: &std_mpsc::Receiver<WriteJob>,
+    mut jobs: Vec<DeliveryJob>,
+) {
+    let mut outcome = Ok(());
+    let mut next = 0;
+    while next < jobs.len() {
+        let states = std::mem::take(&mut jobs[next].states);
+        for chunk in states.chunks(STATE_CHUNK) {
+            if outcome.is_ok() {
+                outcome = write_states(handle, chunk);
+            }
+            let mut appends = Vec::new();
+            while let Ok(job) = rx.try_recv() {
+                match job {
+                    WriteJob::Append(job) => appends.push(job),
+                    WriteJob::Delivery(job) => jobs.push(job),
                 }
             }
-            txn.commit().map_err(failed)
-        };
-        handle.check(write(), true)
-    });
+            if !appends.is_empty() {
+                commit_appends(handle, heads, appends);
+            }
+        }
+        next += 1;
+    }
     if let Err(e) = &outcome {
         log_failed_write(e);
     }
     for job in jobs {
         let _ = job.reply.send(outcome.clone());
     }
+}
+
+/// One transaction of delivery states (see [`commit_deliveries`]).
+fn write_states(handle: &Handle, states: &[(String, Vec<u8>)]) -> Result<(), StoreError> {
+    let db = handle.db_for(true, 1)?;
+    let write = || {
+        let mut txn = db.begin_write().map_err(failed)?;
+        txn.set_durability(Durability::None).map_err(failed)?;
+        {
+            let subs = txn.open_table(SUBSCRIPTIONS).map_err(failed)?;
+            let mut table = txn.open_table(DELIVERY).map_err(failed)?;
+            for (id, bytes) in states {
+                if subs.get(id.as_str()).map_err(failed)?.is_some() {
+                    table
+                        .insert(id.as_str(), bytes.as_slice())
+                        .map_err(failed)?;
+                }
+            }
+        }
+        txn.commit().map_err(failed)
+    };
+    handle.check(write(), true)
 }
 
 /// Logged by the handle when the store broke; any other error here is rare.
