@@ -4,7 +4,8 @@
 //! are pending; the batcher cuts them into a [`Notification`] as soon as `max_batch` are pending,
 //! or `linger` after the first of them arrived, whichever comes first — and on shutdown, before
 //! the store closes. Cutting reads the changes back from the log (log before notify: nothing is
-//! ever announced that cannot be replayed), renders the Change List once, and publishes it on
+//! ever announced that cannot be replayed; when several full batches are pending, one read
+//! takes up to `READ_AHEAD` of them), renders the Change List once, and publishes it on
 //! the channel's [`ChannelFeed`]: the `published` seq that delivery workers follow, a short cache
 //! of recent notifications whose bytes they share, and a broadcast for live listeners. The feed
 //! also counts, per 10-second step of the last 10 minutes, the changes it published and the
@@ -28,6 +29,8 @@ use crate::telemetry::RateWindow;
 
 /// How many recent notifications a feed keeps for delivery workers to share.
 const RECENT: usize = 64;
+/// Most full batches cut from one read of the log, when the batcher is that far behind.
+const READ_AHEAD: u64 = 16;
 
 /// Renders changes `first..=last` of a channel as a notification document. Deterministic: the
 /// same changes always give the same bytes, so a retried delivery carries the same body.
@@ -236,13 +239,16 @@ impl Batcher {
             }
             let due = stopping || deadline.is_some_and(|d| Instant::now() >= d);
             if pending >= max_batch || (pending > 0 && due) {
-                let upto = head.min(self.published + max_batch);
+                // Behind by several full batches: one read of the log for up to READ_AHEAD of
+                // them (each read waits its turn behind the appends, on Redis most).
+                let batches = (pending / max_batch).clamp(1, READ_AHEAD);
+                let upto = head.min(self.published + max_batch * batches);
                 match cut(
                     &self.feed,
                     self.store.as_ref(),
                     &self.config,
-                    self.published,
-                    upto,
+                    (self.published, upto),
+                    max_batch,
                     seen,
                 )
                 .await
@@ -292,27 +298,37 @@ async fn sleep_until(deadline: Option<Instant>) {
     }
 }
 
+/// Reads the changes after `after` up to `upto` and publishes them as notifications of at
+/// most `max_batch` changes each, in order.
 async fn cut(
     feed: &ChannelFeed,
     store: &dyn Store,
     config: &Config,
-    after: u64,
-    upto: u64,
+    (after, upto): (u64, u64),
+    max_batch: u64,
     seen: Option<std::time::Instant>,
 ) -> Result<(), crate::store::StoreError> {
-    let changes = store
+    let mut changes = store
         .read(&feed.name, after, (upto - after) as usize)
         .await?;
+    // When retention trimmed some of them, the read went on past `upto`: those are the next
+    // cut's.
+    changes.retain(|c| c.seq <= upto);
     if changes.is_empty() {
         // Trimmed away before it could be published: nothing to announce.
         feed.start_at(upto);
         return Ok(());
     }
     let epoch = &feed.origin(store).await?.epoch;
-    let mut n = render_notification(config, &feed.name, epoch, changes);
-    n.accepted_at = seen;
-    metrics::counter!("changehub_notifications_total", "channel" => feed.name.clone()).increment(1);
-    tracing::debug!(channel = %feed.name, first = n.first, last = n.last, "notification cut");
-    feed.publish(n);
+    while !changes.is_empty() {
+        let rest = changes.split_off(changes.len().min(max_batch as usize));
+        let mut n = render_notification(config, &feed.name, epoch, changes);
+        n.accepted_at = seen;
+        metrics::counter!("changehub_notifications_total", "channel" => feed.name.clone())
+            .increment(1);
+        tracing::debug!(channel = %feed.name, first = n.first, last = n.last, "notification cut");
+        feed.publish(n);
+        changes = rest;
+    }
     Ok(())
 }
