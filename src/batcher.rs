@@ -320,15 +320,19 @@ async fn cut(
         return Ok(());
     }
     let epoch = &feed.origin(store).await?.epoch;
-    while !changes.is_empty() {
-        let rest = changes.split_off(changes.len().min(max_batch as usize));
-        let mut n = render_notification(config, &feed.name, epoch, changes);
+    let mut changes = changes.into_iter();
+    loop {
+        // Each notification's own Vec, sized to it: the feed keeps recent notifications, and a
+        // slice of the read's Vec would keep the capacity of the whole read.
+        let batch: Vec<Change> = changes.by_ref().take(max_batch as usize).collect();
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let mut n = render_notification(config, &feed.name, epoch, batch);
         n.accepted_at = seen;
         metrics::counter!("changehub_notifications_total", "channel" => feed.name.clone())
             .increment(1);
         tracing::debug!(channel = %feed.name, first = n.first, last = n.last, "notification cut");
         feed.publish(n);
-        changes = rest;
     }
-    Ok(())
 }
