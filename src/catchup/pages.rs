@@ -472,13 +472,15 @@ impl PageFiles {
 
     /// Reads the entries `entries` (indices within the block; all of them when `None`) of the
     /// file of `key`. `None` when there is no such file or it is not what it should be (it is
-    /// then forgotten). Blocking.
+    /// then forgotten and removed, so the files on disk stay within the bound). Blocking.
     fn read(&self, key: &Key, entries: Option<Range<usize>>) -> Option<Block> {
-        match read_block(&self.path(key), key.block * BLOCK + 1, entries) {
+        let path = self.path(key);
+        match read_block(&path, key.block * BLOCK + 1, entries) {
             Ok(block) => Some(block),
             Err(e) => {
                 tracing::warn!(channel = %key.channel, block = key.block, error = %e, "cannot read a block of rendered page entries; rendering it again");
                 lock(&self.index).remove(key);
+                let _ = std::fs::remove_file(&path);
                 None
             }
         }
@@ -713,6 +715,7 @@ mod tests {
         std::fs::copy(files.path(&key(0)), files.path(&key(1))).unwrap();
         assert!(files.read(&key(1), Some(0..10)).is_none());
         assert!(files.size(&key(1)).is_none(), "forgotten");
+        assert!(!files.path(&key(1)).exists(), "removed");
         // Cut short.
         let file = File::options()
             .write(true)
@@ -721,6 +724,7 @@ mod tests {
         file.set_len(FIXED + RECORD * BLOCK + 10).unwrap();
         assert!(files.read(&key(0), Some(990..1000)).is_none());
         assert!(files.size(&key(0)).is_none(), "forgotten");
+        assert!(!files.path(&key(0)).exists(), "removed");
     }
 
     #[test]
