@@ -244,8 +244,9 @@ impl Batcher {
             }
             let due = stopping || deadline.is_some_and(|d| Instant::now() >= d);
             if pending >= max_batch || (pending > 0 && due) {
-                // Behind by several full batches: one read of the log for up to READ_AHEAD of
-                // them (each read waits its turn behind the appends, on Redis most).
+                // Behind by several full batches: one read of the log for as many as fit in
+                // READ_AHEAD changes (each read waits its turn behind the appends, on Redis
+                // most).
                 let batches = (pending / max_batch).clamp(1, (READ_AHEAD / max_batch).max(1));
                 let upto = head.min(self.published + max_batch * batches);
                 match cut(

@@ -256,8 +256,7 @@ async fn pages_from_block_files_are_the_pages_rendered_whole() {
     assert!(!block_file(&hub, 2).exists(), "block 2 is not complete");
 }
 
-/// The file of block `block` of the test channel (whatever its epoch); waits (bounded) for
-/// it to be written.
+/// Where the file of block `block` of the test channel is (whatever its epoch).
 fn block_file(hub: &TestHub, block: u64) -> std::path::PathBuf {
     let channel = hub.data_dir.join("pages").join(CHANNEL);
     let epoch = std::fs::read_dir(&channel)
