@@ -18,7 +18,9 @@ use time::OffsetDateTime;
 use tokio::sync::oneshot;
 
 use super::index::{seq_of, IndexWriter, RESOURCES, RESOURCE_ORDER};
-use super::{append_in, decode, encode, failed, AppendJob, EmbeddedStore, CHANGES, CHANNELS};
+use super::{
+    append_in, decode, encode, failed, AppendJob, AppendTables, EmbeddedStore, CHANGES, CHANNELS,
+};
 use crate::model::feedsync::{self, MergedChange, SyncState, Synced};
 use crate::model::{Change, ChangeType};
 use crate::store::{Appended, StoreError, SyncPage};
@@ -235,7 +237,7 @@ fn merge_in(
         now,
         reply: oneshot::channel().0,
     };
-    let appended = append_in(&txn, &job, news)?;
+    let appended = append_in(&mut AppendTables::open(&txn)?, &job, news)?;
     {
         let mut items = SyncWriter::open(&txn)?;
         let mut log = txn.open_table(CHANGES).map_err(failed)?;

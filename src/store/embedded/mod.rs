@@ -18,7 +18,7 @@
 
 use async_trait::async_trait;
 use redb::{
-    Database, Durability, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction,
+    Database, Durability, ReadableDatabase, ReadableTable, Table, TableDefinition, WriteTransaction,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -424,17 +424,20 @@ fn append_all(db: &Database, jobs: &mut [AppendJob]) -> Result<Committed, StoreE
     let txn = db.begin_write().map_err(failed)?;
     let mut new_heads = HashMap::new();
     let mut results = Vec::with_capacity(jobs.len());
-    for job in jobs.iter_mut() {
-        let changes = std::mem::take(&mut job.changes);
-        let result = append_in(&txn, job, changes);
-        match &result {
-            Ok(a) if !a.replayed => {
-                new_heads.insert(job.channel.clone(), a.last);
+    {
+        let mut tables = AppendTables::open(&txn)?;
+        for job in jobs.iter_mut() {
+            let changes = std::mem::take(&mut job.changes);
+            let result = append_in(&mut tables, job, changes);
+            match &result {
+                Ok(a) if !a.replayed => {
+                    new_heads.insert(job.channel.clone(), a.last);
+                }
+                Err(StoreError::IdempotencyConflict) | Ok(_) => {}
+                Err(e) => return Err(e.clone()),
             }
-            Err(StoreError::IdempotencyConflict) | Ok(_) => {}
-            Err(e) => return Err(e.clone()),
+            results.push(result);
         }
-        results.push(result);
     }
     txn.commit().map_err(failed)?;
     Ok((new_heads, results))
@@ -455,13 +458,43 @@ fn refresh_heads(db: &Database, heads: &Heads) {
     }
 }
 
+/// The tables an append writes, opened once per write transaction (opening a table and
+/// closing it again costs more than appending one change).
+pub(super) struct AppendTables<'txn> {
+    idem: Table<'txn, (&'static str, &'static str), &'static [u8]>,
+    meta: Table<'txn, &'static str, &'static [u8]>,
+    log: Table<'txn, (&'static str, u64), &'static [u8]>,
+    index: IndexWriter<'txn>,
+    items: feedsync::SyncWriter<'txn>,
+}
+
+impl<'txn> AppendTables<'txn> {
+    pub(super) fn open(txn: &'txn WriteTransaction) -> Result<AppendTables<'txn>, StoreError> {
+        Ok(AppendTables {
+            idem: txn.open_table(IDEMPOTENCY).map_err(failed)?,
+            meta: txn.open_table(CHANNELS).map_err(failed)?,
+            log: txn.open_table(CHANGES).map_err(failed)?,
+            index: IndexWriter::open(txn)?,
+            items: feedsync::SyncWriter::open(txn)?,
+        })
+    }
+}
+
+/// Appends `changes` as `job` asks, in the transaction `tables` belong to. Nothing is written
+/// when the answer is a replay or an idempotency conflict.
 fn append_in(
-    txn: &WriteTransaction,
+    tables: &mut AppendTables<'_>,
     job: &AppendJob,
     changes: Vec<NewChange>,
 ) -> Result<Appended, StoreError> {
     let channel = job.channel.as_str();
-    let mut idem = txn.open_table(IDEMPOTENCY).map_err(failed)?;
+    let AppendTables {
+        idem,
+        meta: meta_table,
+        log,
+        index,
+        items,
+    } = tables;
     if let Some(key) = &job.idempotency {
         if let Some(v) = idem.get((channel, key.key.as_str())).map_err(failed)? {
             let record: IdempotencyRecord = decode(v.value())?;
@@ -476,14 +509,10 @@ fn append_in(
             }
         }
     }
-    let mut meta_table = txn.open_table(CHANNELS).map_err(failed)?;
     let mut meta = match meta_table.get(channel).map_err(failed)? {
         Some(v) => decode::<ChannelMeta>(v.value())?,
         None => ChannelMeta::default(),
     };
-    let mut log = txn.open_table(CHANGES).map_err(failed)?;
-    let mut index = IndexWriter::open(txn)?;
-    let mut items = feedsync::SyncWriter::open(txn)?;
     let first = meta.last + 1;
     let accepted = changes.len();
     for new in changes {
