@@ -299,7 +299,24 @@ pub async fn subscriptions_and_delivery_state(e: &dyn Engine) {
         last_error: Some("callback answered 503".into()),
     };
     s.put_delivery("sub-1", &state).await.unwrap();
-    assert_eq!(s.delivery("sub-1").await.unwrap(), Some(state));
+    assert_eq!(s.delivery("sub-1").await.unwrap(), Some(state.clone()));
+
+    // Read at once: a subscription without a state (sub-2) or unknown (sub-9) is left out.
+    let ids = ["sub-1", "sub-2", "sub-9"].map(String::from);
+    let states = s.deliveries("c", &ids).await.unwrap();
+    assert_eq!(states.len(), 1, "{states:?}");
+    assert_eq!(states.get("sub-1"), Some(&state));
+    let other = DeliveryState {
+        cursor: 7,
+        ..DeliveryState::default()
+    };
+    s.put_deliveries(&[("sub-2".into(), other.clone())])
+        .await
+        .unwrap();
+    let states = s.deliveries("c", &ids).await.unwrap();
+    assert_eq!(states.get("sub-1"), Some(&state));
+    assert_eq!(states.get("sub-2"), Some(&other));
+    assert!(s.deliveries("c", &[]).await.unwrap().is_empty());
 
     assert!(s.delete_subscription("sub-1").await.unwrap());
     assert!(!s.delete_subscription("sub-1").await.unwrap());

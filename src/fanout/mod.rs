@@ -125,6 +125,30 @@ impl Fanout {
         self.progress.latest(self.store.as_ref(), id).await
     }
 
+    /// The newest delivery states of the subscriptions `subs` (recorded by their workers, or
+    /// stored), read with one store call per channel; a subscription with none is left out.
+    pub async fn delivery_states(
+        &self,
+        subs: &[Arc<Subscription>],
+    ) -> Result<HashMap<String, DeliveryState>, StoreError> {
+        let mut by_channel: HashMap<&str, Vec<String>> = HashMap::new();
+        for sub in subs {
+            by_channel
+                .entry(sub.channel.as_str())
+                .or_default()
+                .push(sub.id.clone());
+        }
+        let mut states = HashMap::with_capacity(subs.len());
+        for (channel, ids) in by_channel {
+            states.extend(
+                self.progress
+                    .latest_of(self.store.as_ref(), channel, &ids)
+                    .await?,
+            );
+        }
+        Ok(states)
+    }
+
     /// For an owned `channel`: runs a worker for each of its stored subscriptions, and
     /// none for a subscription no longer stored (called again now and then to stay in sync).
     pub async fn take_channel(self: &Arc<Self>, channel: &str) -> Result<usize, StoreError> {

@@ -63,6 +63,38 @@ impl Progress {
         store.delivery(id).await
     }
 
+    /// The newest states of the subscriptions `ids`, all to `channel`: those recorded and not
+    /// yet written, the others read from the store in one call. A subscription with no state
+    /// at all is left out.
+    pub async fn latest_of(
+        &self,
+        store: &dyn Store,
+        channel: &str,
+        ids: &[String],
+    ) -> Result<HashMap<String, DeliveryState>, StoreError> {
+        let (mut states, missing) = {
+            let dirty = self.lock();
+            let mut states = HashMap::with_capacity(ids.len());
+            let mut missing = Vec::new();
+            for id in ids {
+                match dirty.get(id) {
+                    Some(state) => {
+                        states.insert(id.clone(), state.clone());
+                    }
+                    None => missing.push(id.clone()),
+                }
+            }
+            (states, missing)
+        };
+        if !missing.is_empty() {
+            for (id, stored) in store.deliveries(channel, &missing).await? {
+                // Recorded while the store was read: the recorded state is the newer.
+                states.entry(id).or_insert(stored);
+            }
+        }
+        Ok(states)
+    }
+
     /// Drops subscription `id`'s unwritten state and waits for a write under way, so that
     /// nothing of it is written after this returns (call it before deleting the subscription).
     pub async fn forget(&self, id: &str) {
@@ -134,13 +166,10 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn the_newest_state_is_written_once_and_read_before_it_is() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = EmbeddedStore::open(dir.path()).unwrap();
+    fn subscription(id: &str) -> Subscription {
         let now = OffsetDateTime::now_utc();
-        let sub = Subscription {
-            id: "sub-1".into(),
+        Subscription {
+            id: id.into(),
             channel: "c".into(),
             topic: "http://hub/channels/c/changelist.xml".into(),
             callback: "http://127.0.0.1:1/cb".into(),
@@ -149,7 +178,14 @@ mod tests {
             lease_seconds: 600,
             expires_at: now + time::Duration::minutes(10),
             created_at: now,
-        };
+        }
+    }
+
+    #[tokio::test]
+    async fn the_newest_state_is_written_once_and_read_before_it_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path()).unwrap();
+        let sub = subscription("sub-1");
         store.put_subscription(&sub).await.unwrap();
         let progress = Progress::default();
         for cursor in 1..=5 {
@@ -174,5 +210,30 @@ mod tests {
         progress.record(&sub.id, &state(10));
         progress.write(&store).await;
         assert_eq!(store.delivery(&sub.id).await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn many_states_are_read_from_memory_first_then_from_the_store_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path()).unwrap();
+        for id in ["a", "b", "c", "d"] {
+            store.put_subscription(&subscription(id)).await.unwrap();
+        }
+        store
+            .put_deliveries(&[("a".into(), state(1)), ("b".into(), state(2))])
+            .await
+            .unwrap();
+        let progress = Progress::default();
+        progress.record("b", &state(20));
+        progress.record("c", &state(30));
+        let ids = ["a", "b", "c", "d"].map(String::from);
+        let states = progress.latest_of(&store, "c", &ids).await.unwrap();
+        let mut got: Vec<_> = states.into_iter().map(|(id, s)| (id, s.cursor)).collect();
+        got.sort();
+        assert_eq!(
+            got,
+            [("a".into(), 1), ("b".into(), 20), ("c".into(), 30)],
+            "stored a, recorded b (newer than stored) and c, nothing for d"
+        );
     }
 }

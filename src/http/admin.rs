@@ -503,13 +503,10 @@ pub async fn subscriptions(
         state.fanout.active()
     };
     subs.sort_by(|a, b| (&a.channel, &a.callback).cmp(&(&b.channel, &b.callback)));
+    let mut deliveries = state.fanout.delivery_states(&subs).await?;
     let mut out = Vec::with_capacity(subs.len());
     for sub in subs {
-        let delivery = state
-            .fanout
-            .delivery_state(&sub.id)
-            .await?
-            .unwrap_or_default();
+        let delivery = deliveries.remove(&sub.id).unwrap_or_default();
         let published = state
             .fanout
             .feed(&sub.channel)

@@ -54,12 +54,10 @@ async fn gauges(state: &AppState) -> Result<Gauges, ApiError> {
     for channel in state.feeds.names() {
         g.lag_max.insert(channel, 0);
     }
-    for sub in state.fanout.active() {
-        let delivery = state
-            .fanout
-            .delivery_state(&sub.id)
-            .await?
-            .unwrap_or_default();
+    let active = state.fanout.active();
+    let mut deliveries = state.fanout.delivery_states(&active).await?;
+    for sub in active {
+        let delivery = deliveries.remove(&sub.id).unwrap_or_default();
         if delivery.pending.is_some() {
             g.retrying += 1;
         } else {

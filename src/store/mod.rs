@@ -26,6 +26,7 @@ pub mod redis;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 use std::time::Duration;
 use time::OffsetDateTime;
 use tokio::sync::{broadcast, watch};
@@ -272,6 +273,23 @@ pub trait Store: Send + Sync + 'static {
         Ok(())
     }
     async fn delivery(&self, sub_id: &str) -> Result<Option<DeliveryState>, StoreError>;
+    /// The stored delivery states of the subscriptions `ids`, all to `channel`, read at once
+    /// (a subscription with no stored state is left out). For listings of every
+    /// subscription, such as the metrics' gauges, which would otherwise read one by one.
+    async fn deliveries(
+        &self,
+        channel: &str,
+        ids: &[String],
+    ) -> Result<HashMap<String, DeliveryState>, StoreError> {
+        let _ = channel;
+        let mut states = HashMap::with_capacity(ids.len());
+        for id in ids {
+            if let Some(state) = self.delivery(id).await? {
+                states.insert(id.clone(), state);
+            }
+        }
+        Ok(states)
+    }
 
     /// Records that `bridge` (a named follower of the channel's notifications that passes them
     /// on elsewhere, such as the XMPP bridge) has passed on everything up to `seq`. Like

@@ -930,6 +930,27 @@ impl Store for EmbeddedStore {
         .await
     }
 
+    async fn deliveries(
+        &self,
+        _channel: &str,
+        ids: &[String],
+    ) -> Result<HashMap<String, DeliveryState>, StoreError> {
+        let ids = ids.to_vec();
+        self.blocking(false, move |db| {
+            let txn = db.begin_read().map_err(failed)?;
+            let table = txn.open_table(DELIVERY).map_err(failed)?;
+            let mut states = HashMap::with_capacity(ids.len());
+            for id in ids {
+                if let Some(v) = table.get(id.as_str()).map_err(failed)? {
+                    let state = decode(v.value())?;
+                    states.insert(id, state);
+                }
+            }
+            Ok(states)
+        })
+        .await
+    }
+
     /// Fails while the store is broken (see `handle.rs`).
     async fn ping(&self) -> Result<(), StoreError> {
         self.blocking(false, |db| {

@@ -357,6 +357,14 @@ impl Store for RedisStore {
         subscriptions::delivery(self, sub_id).await
     }
 
+    async fn deliveries(
+        &self,
+        channel: &str,
+        ids: &[String],
+    ) -> Result<HashMap<String, DeliveryState>, StoreError> {
+        subscriptions::deliveries(self, channel, ids).await
+    }
+
     async fn put_bridge_cursor(
         &self,
         channel: &str,

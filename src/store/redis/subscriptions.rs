@@ -173,3 +173,29 @@ pub(super) async fn delivery(
     let v: Option<Vec<u8>> = timed(conn.hget(key(&channel, "delivery"), sub_id)).await?;
     v.map(|v| decode(&v)).transpose()
 }
+
+/// The states of `ids` in `channel`'s delivery hash, in one `HMGET`.
+pub(super) async fn deliveries(
+    store: &RedisStore,
+    channel: &str,
+    ids: &[String],
+) -> Result<HashMap<String, DeliveryState>, StoreError> {
+    if ids.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let mut conn = store.conn();
+    let values: Vec<Option<Vec<u8>>> = timed(
+        redis::cmd("HMGET")
+            .arg(key(channel, "delivery"))
+            .arg(ids)
+            .query_async(&mut conn),
+    )
+    .await?;
+    let mut states = HashMap::with_capacity(ids.len());
+    for (id, value) in ids.iter().zip(values) {
+        if let Some(v) = value {
+            states.insert(id.clone(), decode(&v)?);
+        }
+    }
+    Ok(states)
+}
