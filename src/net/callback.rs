@@ -174,15 +174,12 @@ impl CallbackConn {
             HeaderValue::from_static(concat!("changehub/", env!("CARGO_PKG_VERSION"))),
         );
         headers.insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
-        let request = |headers: HeaderMap, body: Bytes| {
-            let mut request = Request::new(Full::new(body));
-            *request.method_mut() = Method::POST;
-            *request.uri_mut() = to.target.clone();
-            *request.headers_mut() = headers;
-            request
-        };
+        let mut request = Request::new(Full::new(body));
+        *request.method_mut() = Method::POST;
+        *request.uri_mut() = to.target.clone();
+        *request.headers_mut() = headers;
         // A kept connection may have been closed by the callback meanwhile: a request it
-        // never took is sent again, once, on a new connection.
+        // never took comes back from hyper and is sent again, once, on a new connection.
         let reused = match self.sender.as_mut() {
             Some(sender) => sender.ready().await.is_ok(),
             None => false,
@@ -191,15 +188,15 @@ impl CallbackConn {
             Some(sender) if reused => sender,
             _ => self.open(to).await?,
         };
-        let response = match sender
-            .send_request(request(headers.clone(), body.clone()))
-            .await
-        {
-            Err(e) if reused && e.is_canceled() => {
-                let sender = self.open(to).await?;
-                sender.send_request(request(headers, body)).await?
-            }
-            other => other?,
+        let response = match sender.try_send_request(request).await {
+            Ok(response) => response,
+            Err(mut e) => match e.take_message() {
+                Some(request) if reused && e.error().is_canceled() => {
+                    let sender = self.open(to).await?;
+                    sender.send_request(request).await?
+                }
+                _ => return Err(e.into_error().into()),
+            },
         };
         let status = response.status();
         let retry_after = response.headers().get(RETRY_AFTER).cloned();

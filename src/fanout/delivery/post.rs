@@ -134,7 +134,12 @@ pub(super) async fn post(
         }
     };
     let sub = &target.sub;
-    let mut headers = target.headers.clone();
+    // Room for every header of a delivery (the connection adds `Host`, `User-Agent` and
+    // `Content-Length`), so that the map never grows while it is filled.
+    let mut headers = HeaderMap::with_capacity(16);
+    for (name, value) in &target.headers {
+        headers.insert(name, value.clone());
+    }
     let delivery_id = header_value(payload.delivery_id);
     headers.insert(DELIVERY, delivery_id.clone());
     headers.insert(WEBHOOK_ID, delivery_id);
