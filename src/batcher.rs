@@ -27,8 +27,17 @@ use crate::resourcesync::{self, ChangeListHeader};
 use crate::store::{Origin, Store, StoreError};
 use crate::telemetry::RateWindow;
 
-/// How many recent notifications a feed keeps for delivery workers to share.
+/// How many recent notifications a feed keeps for delivery workers to share, at least; more
+/// are kept while their bodies add up to at most [`RECENT_BYTES`], up to [`RECENT_MAX`].
+/// Small notifications (a low `--max-batch`, or a quiet channel lingering) then still cover
+/// a useful stretch of the log: a worker that fell behind the window reads and renders its
+/// own copy of each notification, which at 100 subscribers and 600 notifications of 10
+/// changes in a burst made most of the hub's CPU per delivery.
 const RECENT: usize = 64;
+/// See [`RECENT`].
+const RECENT_BYTES: usize = 4 << 20;
+/// See [`RECENT`].
+const RECENT_MAX: usize = 4096;
 /// Most changes read from the log at once when the batcher is several full batches behind
 /// (at least one batch). Measured on Redis after a 5 s fill of 1,000-change requests: one
 /// batch a read left 21–23% published at the end of the fill and 3.1–3.8 s to catch up;
@@ -82,7 +91,9 @@ pub struct ChannelFeed {
     /// The channel's origin (its epoch), read from the store once.
     origin: tokio::sync::OnceCell<Origin>,
     published: watch::Sender<u64>,
-    recent: Mutex<VecDeque<Arc<Notification>>>,
+    /// Recent notifications in seq order (each `first` greater than the one before), and the
+    /// bytes of their bodies.
+    recent: Mutex<Recent>,
     live: broadcast::Sender<Arc<Notification>>,
     /// Notifications delivered to callbacks (answered 2xx) by this instance since it started.
     delivered: AtomicU64,
@@ -93,13 +104,42 @@ pub struct ChannelFeed {
     pages: Option<Arc<PageCache>>,
 }
 
+/// A feed's recent notifications (see [`RECENT`]).
+#[derive(Default)]
+struct Recent {
+    list: VecDeque<Arc<Notification>>,
+    /// The bytes of the bodies in `list`.
+    bytes: usize,
+}
+
+impl Recent {
+    /// Adds `n` at the end and drops the oldest beyond the bounds. A notification that does
+    /// not come after the last one (the log started again) empties the list first, so that
+    /// it stays in seq order.
+    fn push(&mut self, n: Arc<Notification>) {
+        if self.list.back().is_some_and(|last| last.first >= n.first) {
+            self.list.clear();
+            self.bytes = 0;
+        }
+        self.bytes += n.body.len();
+        self.list.push_back(n);
+        while self.list.len() > RECENT
+            && (self.bytes > RECENT_BYTES || self.list.len() > RECENT_MAX)
+        {
+            if let Some(old) = self.list.pop_front() {
+                self.bytes -= old.body.len();
+            }
+        }
+    }
+}
+
 impl ChannelFeed {
     pub fn new(name: &str) -> ChannelFeed {
         ChannelFeed {
             name: name.to_string(),
             origin: tokio::sync::OnceCell::new(),
             published: watch::channel(0).0,
-            recent: Mutex::new(VecDeque::with_capacity(RECENT)),
+            recent: Mutex::default(),
             live: broadcast::channel(1024).0,
             delivered: AtomicU64::new(0),
             rates: RateWindow::default(),
@@ -158,7 +198,8 @@ impl ChannelFeed {
     /// A recently published notification that starts at `first`, if still cached.
     pub fn cached(&self, first: u64) -> Option<Arc<Notification>> {
         let recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
-        recent.iter().find(|n| n.first == first).cloned()
+        let at = recent.list.binary_search_by_key(&first, |n| n.first).ok()?;
+        recent.list.get(at).cloned()
     }
 
     /// Publishes a notification cut elsewhere: by the instance that owns the channel, read
@@ -171,12 +212,9 @@ impl ChannelFeed {
         let n = Arc::new(n);
         {
             let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
-            if recent.len() == RECENT {
-                recent.pop_front();
-            }
-            recent.push_back(n.clone());
+            recent.push(n.clone());
             if let (Some(pages), Some(origin)) = (&self.pages, self.origin.get()) {
-                pages.published(&origin.epoch, recent.make_contiguous(), &n);
+                pages.published(&origin.epoch, recent.list.make_contiguous(), &n);
             }
         }
         // The seq first, then the broadcast: a follower that subscribes in between replays
@@ -340,5 +378,63 @@ async fn cut(
             .increment(1);
         tracing::debug!(channel = %feed.name, first = n.first, last = n.last, "notification cut");
         feed.publish(n);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn notification(first: u64, last: u64, body_bytes: usize) -> Notification {
+        Notification {
+            channel: "c".into(),
+            first,
+            last,
+            changes: Vec::new(),
+            body: Bytes::from(vec![b'x'; body_bytes]),
+            accepted_at: None,
+        }
+    }
+
+    #[test]
+    fn the_recent_window_keeps_64_then_what_fits_in_its_bytes() {
+        // Large bodies: only the last RECENT.
+        let mut recent = Recent::default();
+        for first in 1..=100 {
+            recent.push(Arc::new(notification(first, first, RECENT_BYTES / 10)));
+        }
+        assert_eq!(recent.list.len(), RECENT);
+        assert_eq!(recent.list.front().map(|n| n.first), Some(37));
+        // Small bodies: as many as fit in RECENT_BYTES, at most RECENT_MAX.
+        let mut recent = Recent::default();
+        for first in 1..=1000 {
+            recent.push(Arc::new(notification(first, first, 4096)));
+        }
+        assert_eq!(recent.list.len(), 1000, "4 MB of bodies fit");
+        for first in 1001..=3000 {
+            recent.push(Arc::new(notification(first, first, 4096)));
+        }
+        assert_eq!(recent.list.len(), RECENT_BYTES / 4096);
+        assert_eq!(recent.bytes, recent.list.len() * 4096);
+        let mut recent = Recent::default();
+        for first in 1..=(RECENT_MAX as u64 + 10) {
+            recent.push(Arc::new(notification(first, first, 10)));
+        }
+        assert_eq!(recent.list.len(), RECENT_MAX);
+    }
+
+    #[test]
+    fn a_feed_finds_a_recent_notification_by_its_first_seq_and_starts_over_with_a_new_log() {
+        let feed = ChannelFeed::new("c");
+        for first in (1..=2000).step_by(10) {
+            feed.publish(notification(first, first + 9, 100));
+        }
+        assert_eq!(feed.cached(1).map(|n| n.last), Some(10));
+        assert_eq!(feed.cached(1991).map(|n| n.last), Some(2000));
+        assert!(feed.cached(5).is_none(), "not the first seq of one");
+        // The log started again (a new epoch): seqs from 1 again.
+        feed.publish(notification(1, 3, 100));
+        assert_eq!(feed.cached(1).map(|n| n.last), Some(3));
+        assert!(feed.cached(1991).is_none());
     }
 }
