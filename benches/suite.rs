@@ -672,6 +672,63 @@ async fn callback(ctx: &mut Ctx) {
 // ---------------------------------------------------------------------------------------------
 // Figure 4: ingest.
 
+/// This bench binary as a child process in `role` (see `main`) on a free port: its base URL
+/// and the process (stopped when dropped).
+fn spawn_role(role: &str, name: &str) -> (String, procs::Proc) {
+    let port = procs::free_port();
+    let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+    command
+        .env("BENCH_ROLE", role)
+        .env("BENCH_PORT", port.to_string())
+        .stdout(std::process::Stdio::null());
+    let server = procs::Proc::spawn(name, &mut command, None);
+    (format!("http://127.0.0.1:{port}"), server)
+}
+
+/// The framework's floor for figure 4b: axum on a tokio runtime, as the hub has, answering
+/// every `POST /channels/{name}/changes` 202 with a small JSON body once the body is read;
+/// nothing parsed, nothing stored. `/ready` answers when it listens.
+async fn minimal_ingest_server(port: u16) {
+    async fn accept(body: Bytes) -> (StatusCode, [(&'static str, &'static str); 1], String) {
+        (
+            StatusCode::ACCEPTED,
+            [("content-type", "application/json")],
+            format!(r#"{{"accepted":1,"first":{n},"last":{n}}}"#, n = body.len()),
+        )
+    }
+    let app = Router::new()
+        .route("/ready", get(|| async { "ready" }))
+        .route("/channels/{name}/changes", axum::routing::post(accept));
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .unwrap();
+    axum::serve(listener, app).await.unwrap();
+}
+
+/// req/s of `script` (wrk -c64, like figure 4b) against the minimal axum server.
+async fn minimal_ingest_rate(script: &Path) -> f64 {
+    let (base, _server) = spawn_role("minimal-ingest", "the minimal ingest server");
+    let client = reqwest::Client::new();
+    procs::poll(
+        "the minimal ingest server",
+        Duration::from_secs(20),
+        Duration::from_millis(50),
+        || {
+            let request = client.get(format!("{base}/ready")).send();
+            async move { request.await.ok().filter(|r| r.status().is_success()) }
+        },
+    )
+    .await;
+    wrk(
+        &format!("{base}/channels/bench/changes"),
+        64,
+        secs(3),
+        Some(script),
+    )
+    .await
+    .rate
+}
+
 struct Ingest {
     /// changes/s of 1,000-change requests, wrk -c8.
     big: f64,
@@ -713,6 +770,8 @@ async fn ingest(ctx: &mut Ctx) {
     )
     .await
     .rate;
+    progress("ingest baseline: a minimal axum server answering 202");
+    let axum_floor = minimal_ingest_rate(&small).await;
     let mut runs: Vec<(Ingest, Ingest)> = Vec::new();
     for bin in ctx.bins.clone() {
         progress("ingest: embedded, redis");
@@ -752,6 +811,13 @@ async fn ingest(ctx: &mut Ctx) {
     for (figure, per_bin, unit, goal) in rows {
         ctx.row(figure.into(), unit, goal, &per_bin);
     }
+    // The same for every binary: a floor, not a figure of the hub.
+    ctx.row(
+        "4b. minimal axum server answering 202 (wrk -c64) vs nginx 202".into(),
+        Unit::Rate("req"),
+        Goal::None,
+        &vec![(axum_floor, Some(nginx)); runs.len()],
+    );
     ctx.report.note(format!(
         "**4. Ingest**: a fresh hub per store (defaults: `--max-batch 1000 --linger 100ms`; \
          Redis: `--redis` on the bench's private redis-server, `--save \"\" --appendonly no`, \
@@ -759,7 +825,10 @@ async fn ingest(ctx: &mut Ctx) {
          changes with the publisher token; changes/s = 2xx/s × 1,000. Baseline: \
          `redis-benchmark -P 100 -n {} XADD bench-stream '*' f v` on the same redis-server, \
          ops/s. (b) `wrk -c64 -t2 -d{s}s` POSTing one change; baseline: the same wrk and \
-         script against nginx answering 202 to the same path.",
+         script against nginx answering 202 to the same path. The row \"minimal axum server\" is \
+         the web framework's floor, measured the same way: axum on tokio, as in the hub, \
+         answering 202 with a small JSON body once the body is read (this bench binary as a \
+         child process, `BENCH_ROLE=minimal-ingest`).",
         scale(2_000_000),
         s = secs(3)
     ));
@@ -1226,14 +1295,7 @@ async fn websockets_hub(bin: &Path) -> WsMemory {
 }
 
 async fn websockets_minimal() -> WsMemory {
-    let port = procs::free_port();
-    let mut command = std::process::Command::new(std::env::current_exe().unwrap());
-    command
-        .env("BENCH_ROLE", "minimal-websocket")
-        .env("BENCH_PORT", port.to_string())
-        .stdout(std::process::Stdio::null());
-    let server = procs::Proc::spawn("the minimal websocket server", &mut command, None);
-    let base = format!("http://127.0.0.1:{port}");
+    let (base, server) = spawn_role("minimal-websocket", "the minimal websocket server");
     let client = reqwest::Client::new();
     let count = || {
         let (client, url) = (client.clone(), format!("{base}/count"));
@@ -1259,7 +1321,7 @@ async fn websockets_minimal() -> WsMemory {
     .await;
     measure_websockets(
         server.pid(),
-        &format!("ws://127.0.0.1:{port}/ws"),
+        &format!("{}/ws", base.replacen("http://", "ws://", 1)),
         None,
         count,
     )
@@ -1354,10 +1416,15 @@ async fn websockets(ctx: &mut Ctx) {
 // ---------------------------------------------------------------------------------------------
 
 fn main() {
-    if std::env::var("BENCH_ROLE").as_deref() == Ok("minimal-websocket") {
+    let role = std::env::var("BENCH_ROLE").unwrap_or_default();
+    if !role.is_empty() {
         let port: u16 = std::env::var("BENCH_PORT").unwrap().parse().unwrap();
         let runtime = tokio::runtime::Runtime::new().unwrap();
-        runtime.block_on(minimal_websocket_server(port));
+        match role.as_str() {
+            "minimal-websocket" => runtime.block_on(minimal_websocket_server(port)),
+            "minimal-ingest" => runtime.block_on(minimal_ingest_server(port)),
+            other => panic!("unknown BENCH_ROLE {other}"),
+        }
         return;
     }
     let nofile = procs::raise_nofile();
