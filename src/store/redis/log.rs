@@ -1,11 +1,12 @@
 //! The change log of a channel: appending, reading ranges, the head, and trimming by
 //! retention.
 //!
-//! An append is encoded here ([`Request`]: the log entries and their locs) and made with one
-//! call of the append script (`scripts/append.lua`: the idempotency check, gapless seqs, the
-//! datetime clamp, the index and FeedSync items, the idempotency record, the head
-//! announcement). The script takes several requests in one call, each handled as a call of
-//! its own with an outcome of its own ([`outcome`]).
+//! An append is encoded here ([`Request`]: the log entries and their locs) and handed to the
+//! channel's writer (`group.rs`), which appends every request waiting for the channel with one
+//! call of the append script (`scripts/append.lua`: for each request in turn, its idempotency
+//! check, gapless seqs, the datetime clamp, the index and FeedSync items, its idempotency
+//! record; then one head announcement for the call). Each request gets its own outcome
+//! ([`outcome`]), as if it had been appended alone.
 //!
 //! A log entry is a stream entry with id `SEQ-0` and one field `e`: the change's final
 //! datetime as a sortable [`datetime_key`], then the change as the source sent it ([`Stored`]).
@@ -15,7 +16,7 @@ use time::OffsetDateTime;
 use tokio::sync::watch;
 
 use super::events::raise;
-use super::{decode, key, timed, timed_write, RedisStore, EVENTS};
+use super::{decode, key, timed, RedisStore, EVENTS};
 use crate::model::{Change, ChangeType, Link, NewChange, Retention};
 use crate::store::{
     new_epoch, Appended, ChannelHead, IdempotencyKey, Origin, StoreError, IDEMPOTENCY_TTL,
@@ -123,8 +124,9 @@ pub(super) fn decode_entry(seq: u64, entry: &[u8]) -> Result<Change, StoreError>
     Ok(change)
 }
 
-/// One append as the append script takes it: its changes encoded as log entries, their locs
-/// apart (the resource index is keyed by loc).
+/// One append as the append script takes it: its changes already encoded as log entries (by
+/// the caller's task, not by the channel's writer), their locs apart (the resource index is
+/// keyed by loc).
 pub(super) struct Request {
     idempotency: Option<IdempotencyKey>,
     /// Unix seconds: when the request came (the idempotency key's date).
@@ -160,6 +162,17 @@ impl Request {
     /// The number of changes.
     pub(super) fn len(&self) -> usize {
         self.entries.len()
+    }
+
+    /// The bytes of its arguments (near enough: entries, locs and key).
+    pub(super) fn size(&self) -> usize {
+        let key = self
+            .idempotency
+            .as_ref()
+            .map_or(0, |k| k.key.len() + k.fingerprint.len());
+        let entries: usize = self.entries.iter().map(Vec::len).sum();
+        let locs: usize = self.locs.iter().map(String::len).sum();
+        key + entries + locs
     }
 }
 
@@ -231,7 +244,9 @@ pub(super) fn outcome(answer: &[u64]) -> Result<Appended, StoreError> {
     }
 }
 
-/// Appends `changes` to `channel` with the append script (see `scripts/append.lua`).
+/// Appends `changes` to `channel`: encodes them here, then hands them to the channel's writer,
+/// which appends them with whatever else waits for the channel, in one script call (see
+/// `group.rs`).
 pub(super) async fn append(
     store: &RedisStore,
     channel: &str,
@@ -240,16 +255,7 @@ pub(super) async fn append(
     now: OffsetDateTime,
 ) -> Result<Appended, StoreError> {
     let request = Request::new(changes, idempotency, now)?;
-    let mut conn = store.conn();
-    let answer: Vec<u64> = timed_write(
-        invocation(&store.scripts.append, channel, &[&request]).invoke_async(&mut conn),
-    )
-    .await?;
-    let appended = outcome(&answer)?;
-    if !appended.replayed {
-        raise(&store.heads, channel, appended.last);
-    }
-    Ok(appended)
+    store.appends.append(channel, request).await
 }
 
 /// Up to `limit` changes of `channel`: from seq `from` on, or the newest ones (oldest first

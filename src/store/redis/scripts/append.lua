@@ -1,5 +1,5 @@
--- The append script: one call appends several requests to one channel, each as if it had been
--- a call of its own, in the order given.
+-- The append script: one call appends the requests of one channel that waited together (group
+-- commit, see group.rs), each as if it had been a call of its own, in the order given.
 -- KEYS: log, meta, idem, idem-at, res (loc -> entry), res-seq (loc by seq), sx (loc -> FeedSync
 --       item), sx-conflicts (locs whose items carry conflicts); runs after feedsync.lua
 -- ARGV: ttl of idempotency keys (s), events channel, channel name, R (number of requests),
