@@ -34,7 +34,7 @@ const MAX_CHANGES: usize = 1000;
 /// … or this many bytes of entries and locs.
 const MAX_BYTES: usize = 4 << 20;
 
-/// An append waiting for its channel's writer.
+/// An append waiting for its call.
 struct Waiting {
     request: Request,
     /// When its caller stops waiting ([`OP_TIMEOUT`] after it came).
@@ -50,8 +50,9 @@ pub(super) struct Appends {
     heads: Heads,
     /// Cancelled when the store is dropped.
     stop: CancellationToken,
-    /// The channels whose writer runs, each with the appends waiting for it (no entry: no
-    /// writer). Changed only under the lock, so that a writer never leaves an append behind.
+    /// The channels with a call running (an append's own, or a writer task's), each with the
+    /// appends waiting for the next call (no entry: no call runs). Changed only under the
+    /// lock, so that no append is ever left without a call to come.
     waiting: Mutex<HashMap<String, VecDeque<Waiting>>>,
 }
 
