@@ -1419,7 +1419,8 @@ async fn redis_appends_started_together_share_script_calls() {
 
 /// The appends that wait while the channel's script call runs (here: while Redis is stopped)
 /// all go in the next call, which treats each as an append of its own: a key used twice in
-/// the call appends once, a conflict or a replay leaves the others alone.
+/// the call appends once, a conflict or a replay leaves the others alone. Another channel's
+/// call does not hold them, and a large append does not wait for the channel's call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_appends_that_wait_together_go_in_one_call() {
     let server = redis_server::RedisServer::start(false);
@@ -1433,38 +1434,46 @@ async fn redis_appends_that_wait_together_go_in_one_call() {
         .await
         .unwrap();
     server.pause();
-    // One append in flight (Redis holds it unread) …
-    let in_flight = {
+    let append = |channel: &'static str, tag: &'static str, n: usize| {
         let s = s.clone();
         tokio::spawn(async move {
-            s.append("d", changes("x", 1), None, at("2024-01-01T00:00:00Z"))
+            s.append(channel, changes(tag, n), None, at("2024-01-01T00:00:00Z"))
                 .await
         })
     };
-    let d = {
-        let s = s.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            s.append("c", changes("first", 2), None, at("2024-01-01T00:00:00Z"))
-                .await
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    // … and the burst waits behind the first one of channel c.
+    // Calls in flight (Redis holds them unread): one for channel d, then one for c …
+    let other_channel = append("d", "x", 1);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let first = append("c", "first", 2);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // … the burst waits behind the latter; a large append goes at once.
     let started = start_burst(&s);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let large = append("c", "large", 150);
+    tokio::time::sleep(Duration::from_millis(100)).await;
     server.resume();
-    let first = d.await.unwrap().unwrap();
+    other_channel.await.unwrap().unwrap();
+    let first = first.await.unwrap().unwrap();
     assert_eq!((first.first, first.last), (9, 10));
-    in_flight.await.unwrap().unwrap();
+    let large = large.await.unwrap().unwrap();
+    assert_eq!(
+        (large.first, large.last),
+        (11, 160),
+        "sent before the burst"
+    );
     let answers = wait_burst(started).await;
     assert_eq!(
         evalsha_calls(&mut conn).await,
-        3,
-        "one call for channel d, one for the first append to c, one for the burst"
+        4,
+        "one call for channel d, one for the first append to c, one for the large one, one for the burst"
     );
-    let seen_and_first: Vec<_> = seen.iter().copied().chain([first]).collect();
-    check_burst(s.as_ref(), &seen_and_first, answers).await;
+    let log = s.read("c", 10, 150).await.unwrap();
+    assert!(log
+        .iter()
+        .enumerate()
+        .all(|(i, c)| c.loc == format!("http://example.com/large/{i}")));
+    let before: Vec<_> = seen.iter().copied().chain([first, large]).collect();
+    check_burst(s.as_ref(), &before, answers).await;
 }
 
 /// An append dropped while its call runs (its caller went away) leaves no append behind: those
