@@ -761,6 +761,188 @@ pub async fn index_matches_the_log_after_concurrent_appends(e: &dyn Engine) {
     assert_eq!(s.resource_count("c").await.unwrap(), 30);
 }
 
+/// What one append of [`start_burst`] sent.
+struct Sent {
+    changes: Vec<NewChange>,
+}
+
+/// The appends [`start_burst`] makes before its burst, whose keys the burst uses again.
+async fn before_burst(s: &dyn Store) -> Vec<changehub::store::Appended> {
+    let mut seen = Vec::new();
+    for g in 0..8 {
+        let key = key(&format!("seen-{g}"), "fp");
+        seen.push(
+            s.append(
+                "c",
+                changes(&format!("seen/{g}"), 1),
+                key,
+                at("2024-01-01T00:00:00Z"),
+            )
+            .await
+            .unwrap(),
+        );
+    }
+    seen
+}
+
+/// The appends [`start_burst`] started.
+type Started = Vec<(
+    Sent,
+    tokio::task::JoinHandle<Result<changehub::store::Appended, StoreError>>,
+)>;
+
+/// Starts 64 appends to channel `c` at once, of every kind: without a key, with a key of
+/// their own, the same key twice with the same body (one must append, the other replay it),
+/// the same key twice with different bodies (one must append, the other conflict), a key an
+/// earlier append used ([`before_burst`]: a replay). Every append also changes one of a few
+/// shared resources, from one of a few publishers.
+fn start_burst(s: &Arc<dyn Store>) -> Started {
+    let go = Arc::new(tokio::sync::Barrier::new(64));
+    let mut started = Vec::new();
+    for i in 0..64usize {
+        let g = i / 8;
+        let (key, body, n) = match i % 8 {
+            0 | 1 => (key(&format!("same-{g}"), "fp"), format!("same/{g}"), 2),
+            2 => (key(&format!("clash-{g}"), "fp-a"), format!("r/{i}"), 2),
+            3 => (key(&format!("clash-{g}"), "fp-b"), format!("r/{i}"), 3),
+            4 => (None, format!("r/{i}"), 1),
+            5 => (key(&format!("own-{i}"), "fp"), format!("r/{i}"), 3),
+            6 => (None, format!("r/{i}"), 5),
+            _ => (key(&format!("seen-{g}"), "fp"), format!("seen/{g}"), 1),
+        };
+        let mut batch = changes(&body, n);
+        let mut shared = change(&format!("shared/{}", g % 4));
+        shared.source = Some(format!("p{}", g % 3));
+        batch.push(shared);
+        let sent = Sent {
+            changes: batch.clone(),
+        };
+        let (s, go) = (s.clone(), go.clone());
+        let task = tokio::spawn(async move {
+            go.wait().await;
+            s.append("c", batch, key, at("2024-01-01T00:00:00Z")).await
+        });
+        started.push((sent, task));
+    }
+    started
+}
+
+/// What the appends of [`start_burst`] answered.
+type Answers = Vec<(Sent, Result<changehub::store::Appended, StoreError>)>;
+
+async fn wait_burst(started: Started) -> Answers {
+    let mut answers = Vec::new();
+    for (sent, task) in started {
+        answers.push((sent, task.await.unwrap()));
+    }
+    answers
+}
+
+/// Checks what the appends of [`start_burst`] answered: each one its own seqs (the log holds
+/// its changes there, in its order), gapless together; each key appended once.
+async fn check_burst(s: &dyn Store, seen: &[changehub::store::Appended], answers: Answers) {
+    let log = s.read("c", 0, 10_000).await.unwrap();
+    let mut appended = Vec::new();
+    for (i, (sent, got)) in answers.iter().enumerate() {
+        let g = i / 8;
+        match (i % 8, got) {
+            (0 | 2, _) => {
+                // Of two appends with one key, exactly one appended.
+                let (other, other_got) = (&answers[i + 1].0, &answers[i + 1].1);
+                let (winner, won) = match (got, other_got) {
+                    (Ok(a), Ok(b)) if i % 8 == 0 => {
+                        assert_ne!(a.replayed, b.replayed, "{i}: one appends, one replays");
+                        assert_eq!((a.first, a.last, a.accepted), (b.first, b.last, b.accepted));
+                        if a.replayed {
+                            (other, b)
+                        } else {
+                            (sent, a)
+                        }
+                    }
+                    (Ok(a), Err(StoreError::IdempotencyConflict)) if i % 8 == 2 => (sent, a),
+                    (Err(StoreError::IdempotencyConflict), Ok(b)) if i % 8 == 2 => (other, b),
+                    other => panic!("{i}: {other:?}"),
+                };
+                assert!(!won.replayed);
+                appended.push((winner.changes.clone(), *won));
+            }
+            (1 | 3, _) => {}
+            (7, Ok(a)) => {
+                assert!(a.replayed, "{i}: its key was used before the burst");
+                assert_eq!(
+                    (a.first, a.last, a.accepted),
+                    (seen[g].first, seen[g].last, 1)
+                );
+            }
+            (_, Ok(a)) => {
+                assert!(!a.replayed, "{i}");
+                appended.push((sent.changes.clone(), *a));
+            }
+            (_, Err(e)) => panic!("{i}: {e}"),
+        }
+    }
+    assert_eq!(appended.len(), 40, "5 appends of every 8");
+    appended.sort_by_key(|(_, a)| a.first);
+    let mut next = seen.last().map_or(1, |a| a.last + 1);
+    for (changes, a) in &appended {
+        assert_eq!((a.first, a.accepted as u64), (next, a.last + 1 - a.first));
+        assert_eq!(a.accepted, changes.len());
+        let locs: Vec<&str> = log[(a.first - 1) as usize..a.last as usize]
+            .iter()
+            .map(|c| c.loc.as_str())
+            .collect();
+        let sent: Vec<&str> = changes.iter().map(|c| c.loc.as_str()).collect();
+        assert_eq!(locs, sent, "{a:?}: its own changes at its own seqs");
+        next = a.last + 1;
+    }
+    assert_eq!(log.len() as u64, next - 1, "nothing else appended");
+    assert_eq!(s.head("c").await.unwrap().last, next - 1);
+    assert!(log.windows(2).all(|w| w[0].seq + 1 == w[1].seq));
+    // The index and the FeedSync items of the shared resources are the fold of the log.
+    let mut items: std::collections::BTreeMap<String, (u64, SyncState)> = Default::default();
+    for c in &log {
+        let current = items.remove(&c.loc).map(|(_, sync)| sync);
+        let sync = feedsync::record_local(
+            current,
+            &c.loc,
+            c.source.as_deref(),
+            c.datetime,
+            c.change == ChangeType::Deleted,
+        );
+        items.insert(c.loc.clone(), (c.seq, sync));
+    }
+    for g in 0..4 {
+        let loc = format!("http://example.com/shared/{g}");
+        let got = s.sync_item("c", &loc).await.unwrap().unwrap();
+        assert_eq!(
+            (got.change.seq, &got.sync),
+            (items[&loc].0, &items[&loc].1),
+            "{loc}"
+        );
+    }
+    let index: Vec<(String, u64)> = whole_index(s, "c")
+        .await
+        .into_iter()
+        .map(|(loc, seq, _)| (loc, seq))
+        .collect();
+    let mut expected: Vec<(String, u64)> = items
+        .into_iter()
+        .map(|(loc, (seq, _))| (loc, seq))
+        .collect();
+    expected.sort_by_key(|(_, seq)| *seq);
+    assert_eq!(index, expected);
+}
+
+/// 64 appends started at once, of every kind (with and without idempotency keys, one key
+/// twice at once with the same body and with another), each get their own seqs.
+pub async fn concurrent_appends_each_get_their_own_outcome(e: &dyn Engine) {
+    let s = e.open();
+    let seen = before_burst(s.as_ref()).await;
+    let started = start_burst(&s);
+    let answers = wait_burst(started).await;
+    check_burst(s.as_ref(), &seen, answers).await;
+}
+
 /// A change of `loc` of kind `kind` sent by publisher `who` (none: no publisher).
 fn sent(loc: &str, kind: ChangeType, who: Option<&str>, when: &str) -> NewChange {
     NewChange {
@@ -1070,6 +1252,7 @@ macro_rules! contract_tests {
                 channel_origin_is_recorded_once,
                 resource_marks_cut_the_index_into_pages,
                 index_matches_the_log_after_concurrent_appends,
+                concurrent_appends_each_get_their_own_outcome,
                 feedsync_items_follow_every_change,
                 merges_are_appended_only_onto_what_they_read,
                 bridge_cursors_are_kept_per_channel_and_bridge,
@@ -1213,6 +1396,140 @@ async fn redis_older_data_is_indexed_on_first_use() {
         .await
         .unwrap();
     assert_eq!(indexed.as_deref(), Some("1"));
+}
+
+/// How many `EVALSHA` calls `server` ran since its statistics were last reset.
+async fn evalsha_calls(conn: &mut ::redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = ::redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+/// Appends to one channel started together share script calls (group commit): 64 at once
+/// take fewer than 64 `EVALSHA`s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_appends_started_together_share_script_calls() {
+    let server = redis_server::RedisServer::start(false);
+    let s: Arc<dyn Store> = Arc::new(changehub::store::RedisStore::open(&server.url()).unwrap());
+    let client = ::redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let seen = before_burst(s.as_ref()).await;
+    let _: () = ::redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let answers = wait_burst(start_burst(&s)).await;
+    let calls = evalsha_calls(&mut conn).await;
+    assert!(
+        (1..32).contains(&calls),
+        "{calls} script calls for 64 appends"
+    );
+    check_burst(s.as_ref(), &seen, answers).await;
+}
+
+/// The appends that wait while the channel's script call runs (here: while Redis is stopped)
+/// all go in the next call, which treats each as an append of its own: a key used twice in
+/// the call appends once, a conflict or a replay leaves the others alone. Another channel's
+/// call does not hold them, and a large append does not wait for the channel's call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_appends_that_wait_together_go_in_one_call() {
+    let server = redis_server::RedisServer::start(false);
+    let s: Arc<dyn Store> = Arc::new(changehub::store::RedisStore::open(&server.url()).unwrap());
+    let client = ::redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let seen = before_burst(s.as_ref()).await;
+    let _: () = ::redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    server.pause();
+    let append = |channel: &'static str, tag: &'static str, n: usize| {
+        let s = s.clone();
+        tokio::spawn(async move {
+            s.append(channel, changes(tag, n), None, at("2024-01-01T00:00:00Z"))
+                .await
+        })
+    };
+    // Calls in flight (Redis holds them unread): one for channel d, then one for c …
+    let other_channel = append("d", "x", 1);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let first = append("c", "first", 2);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // … the burst waits behind the latter; a large append goes at once.
+    let started = start_burst(&s);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let large = append("c", "large", 150);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    server.resume();
+    other_channel.await.unwrap().unwrap();
+    let first = first.await.unwrap().unwrap();
+    assert_eq!((first.first, first.last), (9, 10));
+    let large = large.await.unwrap().unwrap();
+    assert_eq!(
+        (large.first, large.last),
+        (11, 160),
+        "sent before the burst"
+    );
+    let answers = wait_burst(started).await;
+    assert_eq!(
+        evalsha_calls(&mut conn).await,
+        4,
+        "one call for channel d, one for the first append to c, one for the large one, one for the burst"
+    );
+    let log = s.read("c", 10, 150).await.unwrap();
+    assert!(log
+        .iter()
+        .enumerate()
+        .all(|(i, c)| c.loc == format!("http://example.com/large/{i}")));
+    let before: Vec<_> = seen.iter().copied().chain([first, large]).collect();
+    check_burst(s.as_ref(), &before, answers).await;
+}
+
+/// An append dropped while its call runs (its caller went away) leaves no append behind: those
+/// that waited for the call still go, in the next one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_appends_waiting_behind_a_dropped_append_still_go() {
+    let server = redis_server::RedisServer::start(false);
+    let s: Arc<dyn Store> = Arc::new(changehub::store::RedisStore::open(&server.url()).unwrap());
+    s.append("c", changes("warm", 1), None, at("2024-01-01T00:00:00Z"))
+        .await
+        .unwrap();
+    server.pause();
+    let append = |tag: &'static str| {
+        let s = s.clone();
+        tokio::spawn(async move {
+            s.append("c", changes(tag, 2), None, at("2024-01-01T00:00:00Z"))
+                .await
+        })
+    };
+    let dropped = append("dropped");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let waiting = append("waiting");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    dropped.abort();
+    assert!(dropped.await.unwrap_err().is_cancelled());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    server.resume();
+    let got = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiting append is answered")
+        .unwrap()
+        .unwrap();
+    assert_eq!(got.last, s.head("c").await.unwrap().last);
+    let log = s.read("c", 0, 100).await.unwrap();
+    assert!(log.windows(2).all(|w| w[0].seq + 1 == w[1].seq));
+    assert_eq!(
+        log[got.first as usize - 1].loc,
+        "http://example.com/waiting/0"
+    );
 }
 
 /// On a cluster, a store listens for events on one seed node: when that node dies, the

@@ -13,8 +13,8 @@ use std::sync::LazyLock;
 use time::OffsetDateTime;
 
 use super::events::raise;
-use super::log::{datetime_key, decode_entry, Stored};
-use super::{decode, key, timed, timed_write, RedisStore, EVENTS};
+use super::log::{decode_entry, invocation, outcome, Request};
+use super::{decode, key, timed, timed_write, RedisStore};
 use crate::model::feedsync::{self, MergedChange, SyncState, Synced};
 use crate::store::{Appended, StoreError, SyncPage};
 
@@ -166,50 +166,27 @@ pub(super) async fn append_merged(
     changes: Vec<MergedChange>,
     now: OffsetDateTime,
 ) -> Result<Option<Appended>, StoreError> {
-    let mut invocation = MERGE.prepare_invoke();
-    for part in ["log", "meta", "idem", "idem-at", "res", "res-seq", "sx"] {
-        invocation.key(key(channel, part));
-    }
-    invocation
-        .key(key(channel, "sx-conflicts"))
-        .arg("")
-        .arg("")
-        .arg(now.unix_timestamp())
-        .arg(crate::store::IDEMPOTENCY_TTL.as_secs())
-        .arg(EVENTS)
-        .arg(channel);
-    for m in &changes {
-        let mut entry = datetime_key(m.change.datetime.unwrap_or(now)).into_bytes();
-        serde_json::to_writer(&mut entry, &Stored::from(&m.change))
-            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        invocation.arg(entry);
-    }
-    for m in &changes {
-        invocation.arg(&m.change.loc);
-    }
-    for m in &changes {
+    let mut merged = Vec::with_capacity(changes.len());
+    let mut news = Vec::with_capacity(changes.len());
+    for m in changes {
         let sync = serde_json::to_vec(&m.sync).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        invocation.arg(m.expected).arg(sync);
+        merged.push((m.expected, sync));
+        news.push(m.change);
     }
-    invocation.arg(changes.len());
+    let request = Request::new(news, None, now)?;
+    let mut invocation = invocation(&MERGE, channel, &[&request]);
+    for (expected, sync) in &merged {
+        invocation.arg(expected).arg(sync);
+    }
+    invocation.arg(merged.len());
     let mut conn = store.conn();
-    let (status, accepted, first, last): (u8, u64, u64, u64) =
-        timed_write(invocation.invoke_async(&mut conn)).await?;
-    match status {
-        0 => {
-            raise(&store.heads, channel, last);
-            Ok(Some(Appended {
-                accepted: accepted as usize,
-                first,
-                last,
-                replayed: false,
-            }))
-        }
-        3 => Ok(None),
-        other => Err(StoreError::Corrupt(format!(
-            "merge script answered {other}"
-        ))),
+    let answer: Vec<u64> = timed_write(invocation.invoke_async(&mut conn)).await?;
+    if answer.first() == Some(&3) {
+        return Ok(None);
     }
+    let appended = outcome(&answer)?;
+    raise(&store.heads, channel, appended.last);
+    Ok(Some(appended))
 }
 
 #[cfg(test)]

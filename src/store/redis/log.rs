@@ -1,15 +1,22 @@
-//! The change log of a channel: appending (one script: idempotency, gapless seqs, datetime
-//! clamp, head announcement), reading ranges, the head, and trimming by retention.
+//! The change log of a channel: appending, reading ranges, the head, and trimming by
+//! retention.
+//!
+//! An append is encoded here ([`Request`]: the log entries and their locs) and handed to the
+//! channel's writer (`group.rs`), which appends every request waiting for the channel with one
+//! call of the append script (`scripts/append.lua`: for each request in turn, its idempotency
+//! check, gapless seqs, the datetime clamp, the index and FeedSync items, its idempotency
+//! record; then one head announcement for the call). Each request gets its own outcome
+//! ([`outcome`]), as if it had been appended alone.
 //!
 //! A log entry is a stream entry with id `SEQ-0` and one field `e`: the change's final
 //! datetime as a sortable [`datetime_key`], then the change as the source sent it ([`Stored`]).
 
-use redis::AsyncCommands;
+use redis::{AsyncCommands, Script, ScriptInvocation};
 use time::OffsetDateTime;
 use tokio::sync::watch;
 
 use super::events::raise;
-use super::{decode, key, timed, timed_write, RedisStore, EVENTS};
+use super::{decode, key, timed, RedisStore, EVENTS};
 use crate::model::{Change, ChangeType, Link, NewChange, Retention};
 use crate::store::{
     new_epoch, Appended, ChannelHead, IdempotencyKey, Origin, StoreError, IDEMPOTENCY_TTL,
@@ -117,7 +124,129 @@ pub(super) fn decode_entry(seq: u64, entry: &[u8]) -> Result<Change, StoreError>
     Ok(change)
 }
 
-/// Appends `changes` to `channel` with the append script (see `scripts/append.lua`).
+/// One append as the append script takes it: its changes already encoded as log entries (by
+/// the caller's task, not by the channel's writer), their locs apart (the resource index is
+/// keyed by loc).
+pub(super) struct Request {
+    idempotency: Option<IdempotencyKey>,
+    /// Unix seconds: when the request came (the idempotency key's date).
+    now: i64,
+    entries: Vec<Vec<u8>>,
+    locs: Vec<String>,
+}
+
+impl Request {
+    /// Encodes `changes`; a change without a datetime takes `now`.
+    pub(super) fn new(
+        changes: Vec<NewChange>,
+        idempotency: Option<IdempotencyKey>,
+        now: OffsetDateTime,
+    ) -> Result<Request, StoreError> {
+        let mut entries = Vec::with_capacity(changes.len());
+        let mut locs = Vec::with_capacity(changes.len());
+        for change in changes {
+            let mut entry = datetime_key(change.datetime.unwrap_or(now)).into_bytes();
+            serde_json::to_writer(&mut entry, &Stored::from(&change))
+                .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            entries.push(entry);
+            locs.push(change.loc);
+        }
+        Ok(Request {
+            idempotency,
+            now: now.unix_timestamp(),
+            entries,
+            locs,
+        })
+    }
+
+    /// The number of changes.
+    pub(super) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// The bytes of its arguments (near enough: entries, locs and key).
+    pub(super) fn size(&self) -> usize {
+        let key = self
+            .idempotency
+            .as_ref()
+            .map_or(0, |k| k.key.len() + k.fingerprint.len());
+        let entries: usize = self.entries.iter().map(Vec::len).sum();
+        let locs: usize = self.locs.iter().map(String::len).sum();
+        key + entries + locs
+    }
+}
+
+/// The call of `script` (the append script, or one that runs it: the merge script) that appends
+/// `requests` to `channel` in one go: the keys and arguments of `scripts/append.lua`.
+pub(super) fn invocation<'a>(
+    script: &'a Script,
+    channel: &str,
+    requests: &[&Request],
+) -> ScriptInvocation<'a> {
+    let mut invocation = script.prepare_invoke();
+    for what in [
+        "log",
+        "meta",
+        "idem",
+        "idem-at",
+        "res",
+        "res-seq",
+        "sx",
+        "sx-conflicts",
+    ] {
+        invocation.key(key(channel, what));
+    }
+    invocation
+        .arg(IDEMPOTENCY_TTL.as_secs())
+        .arg(EVENTS)
+        .arg(channel)
+        .arg(requests.len());
+    for request in requests {
+        match &request.idempotency {
+            Some(k) => invocation.arg(&k.key).arg(&k.fingerprint),
+            None => invocation.arg("").arg(""),
+        };
+        invocation.arg(request.now).arg(request.len());
+    }
+    for request in requests {
+        for entry in &request.entries {
+            invocation.arg(entry);
+        }
+    }
+    for request in requests {
+        for loc in &request.locs {
+            invocation.arg(loc);
+        }
+    }
+    invocation
+}
+
+/// What the append script answered for one request: `[status, accepted, first, last]`.
+pub(super) fn outcome(answer: &[u64]) -> Result<Appended, StoreError> {
+    let &[status, accepted, first, last] = answer else {
+        return Err(StoreError::Corrupt(format!(
+            "the append script answered {answer:?}"
+        )));
+    };
+    let appended = |replayed| Appended {
+        accepted: accepted as usize,
+        first,
+        last,
+        replayed,
+    };
+    match status {
+        0 => Ok(appended(false)),
+        1 => Ok(appended(true)),
+        2 => Err(StoreError::IdempotencyConflict),
+        other => Err(StoreError::Corrupt(format!(
+            "the append script answered status {other}"
+        ))),
+    }
+}
+
+/// Appends `changes` to `channel`: encodes them here, then hands them to the channel's writer,
+/// which appends them with whatever else waits for the channel, in one script call (see
+/// `group.rs`).
 pub(super) async fn append(
     store: &RedisStore,
     channel: &str,
@@ -125,56 +254,8 @@ pub(super) async fn append(
     idempotency: Option<IdempotencyKey>,
     now: OffsetDateTime,
 ) -> Result<Appended, StoreError> {
-    let mut invocation = store.scripts.append.prepare_invoke();
-    invocation
-        .key(key(channel, "log"))
-        .key(key(channel, "meta"))
-        .key(key(channel, "idem"))
-        .key(key(channel, "idem-at"))
-        .key(key(channel, "res"))
-        .key(key(channel, "res-seq"))
-        .key(key(channel, "sx"))
-        .key(key(channel, "sx-conflicts"));
-    match &idempotency {
-        Some(k) => invocation.arg(&k.key).arg(&k.fingerprint),
-        None => invocation.arg("").arg(""),
-    };
-    invocation
-        .arg(now.unix_timestamp())
-        .arg(IDEMPOTENCY_TTL.as_secs())
-        .arg(EVENTS)
-        .arg(channel);
-    for change in &changes {
-        let mut entry = datetime_key(change.datetime.unwrap_or(now)).into_bytes();
-        serde_json::to_writer(&mut entry, &Stored::from(change))
-            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        invocation.arg(entry);
-    }
-    // The resource index is keyed by loc: the script needs them apart from the JSON.
-    for change in &changes {
-        invocation.arg(&change.loc);
-    }
-    let mut conn = store.conn();
-    let (status, accepted, first, last): (u8, u64, u64, u64) =
-        timed_write(invocation.invoke_async(&mut conn)).await?;
-    match status {
-        0 => {
-            raise(&store.heads, channel, last);
-            Ok(Appended {
-                accepted: accepted as usize,
-                first,
-                last,
-                replayed: false,
-            })
-        }
-        1 => Ok(Appended {
-            accepted: accepted as usize,
-            first,
-            last,
-            replayed: true,
-        }),
-        _ => Err(StoreError::IdempotencyConflict),
-    }
+    let request = Request::new(changes, idempotency, now)?;
+    store.appends.append(channel, request).await
 }
 
 /// Up to `limit` changes of `channel`: from seq `from` on, or the newest ones (oldest first

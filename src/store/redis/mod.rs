@@ -2,7 +2,8 @@
 //! subscriptions, delivery state and idempotency keys, so instances are disposable.
 //!
 //! Files: `conn` (the `--redis` URL and the command connection), `log` (append, read,
-//! head, trim), `index` (the resource index), `feedsync` (the FeedSync items), `subscriptions` (subscriptions and delivery state), `leases` (channel
+//! head, trim), `group` (group commit: one append script call per channel at a time, for all
+//! the appends waiting), `index` (the resource index), `feedsync` (the FeedSync items), `subscriptions` (subscriptions and delivery state), `leases` (channel
 //! ownership), `events` (pub/sub between instances); the Lua scripts are in `scripts/`.
 //!
 //! Key layout — every key of channel `c` carries the hash tag `{c}`, so that all of them live
@@ -42,7 +43,10 @@
 //!
 //! Appends run as one Lua script (idempotency check, next seqs, datetime clamp, `XADD` with
 //! explicit ids, meta update, `PUBLISH`), so concurrent ingest on any number of instances
-//! yields gapless seqs. Retention moves `oldest` forward and `XTRIM MINID`s the stream.
+//! yields gapless seqs. Within one process the appends of a channel are grouped: while one
+//! script call for the channel runs, the appends that come wait, and the next call takes them
+//! all (each keeps its own idempotency check and outcome); a request of 100 changes or more
+//! makes its own call at once. Retention moves `oldest` forward and `XTRIM MINID`s the stream.
 //!
 //! Instances talk through the pub/sub channel `changehub:events` (`head c last`,
 //! `published c first last`, `subscription c id`, `released c`, `pinged c`). Pub/sub is at most once, so
@@ -59,7 +63,7 @@ use async_trait::async_trait;
 use redis::{RedisResult, Script};
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use time::OffsetDateTime;
 use tokio::sync::{broadcast, watch};
@@ -76,6 +80,7 @@ mod bridges;
 mod conn;
 mod events;
 mod feedsync;
+mod group;
 mod index;
 mod leases;
 mod log;
@@ -97,7 +102,7 @@ fn key(channel: &str, what: &str) -> String {
 }
 
 fn unavailable(e: impl std::fmt::Display) -> StoreError {
-    metrics::counter!("changehub_store_errors_total").increment(1);
+    count_errors(1);
     StoreError::Unavailable(e.to_string())
 }
 
@@ -106,20 +111,28 @@ fn unavailable(e: impl std::fmt::Display) -> StoreError {
 /// connection manager cannot tell a write lost on the way from one whose answer was lost, and
 /// a Redis that is down refuses every later write plainly.)
 async fn timed_write<T>(f: impl Future<Output = RedisResult<T>>) -> Result<T, StoreError> {
-    match tokio::time::timeout(OP_TIMEOUT, f).await {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) if e.is_timeout() => {
-            metrics::counter!("changehub_store_errors_total").increment(1);
-            Err(StoreError::OutcomeUnknown(e.to_string()))
-        }
-        Ok(Err(e)) => Err(unavailable(e)),
-        Err(_) => {
-            metrics::counter!("changehub_store_errors_total").increment(1);
-            Err(StoreError::OutcomeUnknown(
-                "redis did not answer in time".into(),
-            ))
-        }
-    }
+    write_until(tokio::time::Instant::now() + OP_TIMEOUT, 1, f).await
+}
+
+/// Runs one write that carries `requests` requests (several appends in one script call) until
+/// `deadline`, as [`timed_write`]; a failure counts as one store error per request.
+async fn write_until<T>(
+    deadline: tokio::time::Instant,
+    requests: u64,
+    f: impl Future<Output = RedisResult<T>>,
+) -> Result<T, StoreError> {
+    let e = match tokio::time::timeout_at(deadline, f).await {
+        Ok(Ok(v)) => return Ok(v),
+        Ok(Err(e)) if e.is_timeout() => StoreError::OutcomeUnknown(e.to_string()),
+        Ok(Err(e)) => StoreError::Unavailable(e.to_string()),
+        Err(_) => StoreError::OutcomeUnknown("redis did not answer in time".into()),
+    };
+    count_errors(requests);
+    Err(e)
+}
+
+fn count_errors(n: u64) {
+    metrics::counter!("changehub_store_errors_total").increment(n);
 }
 
 /// Runs one Redis call with the store's deadline.
@@ -139,9 +152,9 @@ fn decode<T: for<'de> serde::Deserialize<'de>>(bytes: &[u8]) -> Result<T, StoreE
     serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt(e.to_string()))
 }
 
-/// The Lua scripts, each one loaded once and run by its hash (`EVALSHA`).
+/// The Lua scripts, each one loaded once and run by its hash (`EVALSHA`); the append script
+/// is the channel writers' (`group`), the merge script `feedsync`'s.
 struct Scripts {
-    append: Script,
     trim: Script,
     lease: Script,
     release: Script,
@@ -153,10 +166,6 @@ struct Scripts {
 impl Scripts {
     fn load() -> Scripts {
         Scripts {
-            append: Script::new(concat!(
-                include_str!("scripts/feedsync.lua"),
-                include_str!("scripts/append.lua")
-            )),
             trim: Script::new(include_str!("scripts/trim.lua")),
             lease: Script::new(include_str!("scripts/lease.lua")),
             release: Script::new(include_str!("scripts/release.lua")),
@@ -176,7 +185,9 @@ pub struct RedisStore {
     /// Channels whose resource index is known to be complete (checked once per process).
     indexed: Mutex<std::collections::HashSet<String>>,
     scripts: Scripts,
-    /// Stops the listener task when the store goes away.
+    /// The appends waiting for each channel's writer (group commit).
+    appends: Arc<group::Appends>,
+    /// Stops the listener task (and the writers of appends) when the store goes away.
     stop: CancellationToken,
 }
 
@@ -206,6 +217,11 @@ impl RedisStore {
             events.clone(),
             stop.clone(),
         ));
+        let append = Script::new(concat!(
+            include_str!("scripts/feedsync.lua"),
+            include_str!("scripts/append.lua")
+        ));
+        let appends = group::Appends::new(conn.clone(), append, heads.clone(), stop.clone());
         Ok(RedisStore {
             conn,
             heads,
@@ -213,6 +229,7 @@ impl RedisStore {
             sub_channels: Mutex::default(),
             indexed: Mutex::default(),
             scripts: Scripts::load(),
+            appends,
             stop,
         })
     }

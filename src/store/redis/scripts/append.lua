@@ -1,25 +1,24 @@
+-- The append script: one call appends the requests of one channel that waited together (group
+-- commit, see group.rs), each as if it had been a call of its own, in the order given.
 -- KEYS: log, meta, idem, idem-at, res (loc -> entry), res-seq (loc by seq), sx (loc -> FeedSync
 --       item), sx-conflicts (locs whose items carry conflicts); runs after feedsync.lua
--- ARGV: idempotency key ('' for none), fingerprint, now (unix s), ttl (s), events channel,
---       channel name, then one entry per change: its datetime key (23 digits) and its JSON,
---       then the loc of each change, in the same order
-local key = ARGV[1]
-local now = tonumber(ARGV[3])
-if key ~= '' then
-  local rec = redis.call('HGET', KEYS[3], key)
-  if rec then
-    local at, first, last, accepted, fp = string.match(rec, '^(%d+) (%d+) (%d+) (%d+) (.*)$')
-    if at and tonumber(at) + tonumber(ARGV[4]) > now then
-      if fp ~= ARGV[2] then return {2, 0, 0, 0} end
-      return {1, tonumber(accepted), tonumber(first), tonumber(last)}
-    end
-  end
-end
+-- ARGV: ttl of idempotency keys (s), events channel, channel name, R (number of requests),
+--       then per request: its idempotency key ('' for none), fingerprint, now (unix s) and
+--       number of changes; then one entry per change of every request, in order (its
+--       datetime key, 23 digits, then its JSON), then the loc of each, in the same order
+-- Returns 4 numbers per request, in order: status (0 appended, 1 replayed: the key was seen
+-- with the same fingerprint, 2 conflict: with another one), accepted, first and last seq.
+local ttl = tonumber(ARGV[1])
+local r = tonumber(ARGV[4])
+local total = 0
+for j = 0, r - 1 do total = total + tonumber(ARGV[8 + 4 * j]) end
+-- ARGV[entry0 + i] is the i-th entry of the call (from 1), ARGV[loc0 + i] its loc.
+local entry0 = 4 + 4 * r
+local loc0 = entry0 + total
 local meta = redis.call('HMGET', KEYS[2], 'last', 'dt')
-local last = tonumber(meta[1] or '0')
+local before = tonumber(meta[1] or '0')
+local last = before
 local latest = meta[2] or ''
-local first = last + 1
-local n = (#ARGV - 6) / 2
 -- The index is written in pieces of at most 500 changes, one HSET and one ZADD each (a call
 -- per change would cost more than the XADD); within a piece a later change of the same loc
 -- wins, as it comes later in the arguments.
@@ -31,38 +30,67 @@ local function flush_index()
     entries, scores = {}, {}
   end
 end
+-- Every item the call may update is read at once (those of a request that turns out to be a
+-- replay too: rare, and harmless).
 local locs = {}
-for i = 0, n - 1 do locs[i + 1] = ARGV[7 + n + i] end
+for i = 1, total do locs[i] = ARGV[loc0 + i] end
 sx_prefetch(KEYS[7], locs)
-for i = 0, n - 1 do
-  local e = ARGV[7 + i]
-  local d = string.sub(e, 1, 23)
-  if d < latest then
-    d = latest
-    e = latest .. string.sub(e, 24)
+
+-- The outcome of a request with idempotency key `key`: nil when it is to be appended.
+local function seen(key, fp, now)
+  if key == '' then return nil end
+  local rec = redis.call('HGET', KEYS[3], key)
+  if not rec then return nil end
+  local at, first, last, accepted, old = string.match(rec, '^(%d+) (%d+) (%d+) (%d+) (.*)$')
+  if not at or tonumber(at) + ttl <= now then return nil end
+  if old ~= fp then return {2, 0, 0, 0} end
+  return {1, tonumber(accepted), tonumber(first), tonumber(last)}
+end
+
+local out = {}
+local done = 0 -- changes of the requests before this one
+for j = 0, r - 1 do
+  local key, fp = ARGV[5 + 4 * j], ARGV[6 + 4 * j]
+  local now, n = tonumber(ARGV[7 + 4 * j]), tonumber(ARGV[8 + 4 * j])
+  local outcome = seen(key, fp, now)
+  if outcome == nil then
+    local first = last + 1
+    for i = done + 1, done + n do
+      local e = ARGV[entry0 + i]
+      local loc = ARGV[loc0 + i]
+      local d = string.sub(e, 1, 23)
+      if d < latest then
+        d = latest
+        e = latest .. string.sub(e, 24)
+      end
+      last = last + 1
+      e = sx_record(KEYS[7], loc, e, d)
+      redis.call('XADD', KEYS[1], string.format('%d-0', last), 'e', e)
+      entries[#entries + 1] = loc
+      entries[#entries + 1] = e
+      scores[#scores + 1] = last
+      scores[#scores + 1] = loc
+      if #entries >= 1000 then flush_index() end
+      latest = d
+    end
+    -- Recorded at once, so that a later request of this call with the same key sees it.
+    if key ~= '' then
+      redis.call('HSET', KEYS[3], key, string.format('%d %d %d %d ', now, first, last, n) .. fp)
+      redis.call('ZADD', KEYS[4], now, key)
+    end
+    outcome = {0, n, first, last}
   end
-  last = last + 1
-  e = sx_record(KEYS[7], ARGV[7 + n + i], e, d)
-  redis.call('XADD', KEYS[1], string.format('%d-0', last), 'e', e)
-  local loc = ARGV[7 + n + i]
-  entries[#entries + 1] = loc
-  entries[#entries + 1] = e
-  scores[#scores + 1] = last
-  scores[#scores + 1] = loc
-  if #entries >= 1000 then flush_index() end
-  latest = d
+  for _, v in ipairs(outcome) do out[#out + 1] = v end
+  done = done + n
 end
 flush_index()
 sx_flush(KEYS[7], KEYS[8])
-if n > 0 then
+if last > before then
   -- A new channel's index is complete from the start; an older one is completed by backfill.lua.
-  if first == 1 then redis.call('HSET', KEYS[2], 'indexed', '1') end
+  if before == 0 then redis.call('HSET', KEYS[2], 'indexed', '1') end
   redis.call('HSET', KEYS[2], 'last', string.format('%d', last), 'dt', latest)
   redis.call('HSETNX', KEYS[2], 'oldest', '1')
-  redis.call('PUBLISH', ARGV[5], string.format('head %s %d', ARGV[6], last))
+  -- One head message per call, with its final seq: listeners only raise their heads to it.
+  redis.call('PUBLISH', ARGV[2], string.format('head %s %d', ARGV[3], last))
 end
-if key ~= '' then
-  redis.call('HSET', KEYS[3], key, string.format('%d %d %d %d ', now, first, last, n) .. ARGV[2])
-  redis.call('ZADD', KEYS[4], now, key)
-end
-return {0, n, first, last}
+return out

@@ -103,8 +103,9 @@ local function sx_deleted(e, loc)
 end
 
 -- The publisher of log entry `e`, from its last field `,"source":"NAME"}` (nil when it has
--- none). Every change of one append has the same publisher: after the first, a plain
--- comparison of the entry's end with the last one found does.
+-- none). Every change of one request has the same publisher: after the first, a plain
+-- comparison of the entry's end with the last one found does (a call that appends several
+-- requests matches again where the publisher changes).
 local sx_last_by, sx_last_tail
 local function sx_by(e)
   if sx_last_tail and string.find(e, sx_last_tail, #e - #sx_last_tail + 1, true) then

@@ -1,14 +1,15 @@
 -- The merge script: feedsync.lua, this, then append.lua as a function (see feedsync.rs).
 -- KEYS: as append.lua.
--- ARGV: as append.lua, then for each change (same order) the seq the latest change of its loc
---       must still have (0: none) and the item's merged state (JSON), then the number of
---       changes. Answers {3, 0, 0, 0} (and writes nothing) when a loc moved on.
+-- ARGV: as append.lua with one request (R = 1, no idempotency key), then for each change (same
+--       order) the seq the latest change of its loc must still have (0: none) and the item's
+--       merged state (JSON), then the number of changes. Answers {3, 0, 0, 0} (and writes
+--       nothing) when a loc moved on.
 local m = tonumber(ARGV[#ARGV])
 local base = #ARGV - 1 - 2 * m
 local args = {}
 for j = 1, base do args[j] = ARGV[j] end
 for j = 1, m do
-  local loc = args[6 + m + j]
+  local loc = args[8 + m + j]
   local seq = redis.call('ZSCORE', KEYS[6], loc)
   if tonumber(seq or '0') ~= tonumber(ARGV[base + 2 * j - 1]) then return {3, 0, 0, 0} end
   sx_merged[loc] = ARGV[base + 2 * j]
