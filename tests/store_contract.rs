@@ -1411,10 +1411,14 @@ async fn evalsha_calls(conn: &mut ::redis::aio::MultiplexedConnection) -> u64 {
         .map_or(0, |n| n.parse().unwrap())
 }
 
-/// Appends to one channel started together share script calls (group commit): 64 at once
-/// take fewer than 64 `EVALSHA`s.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_appends_started_together_share_script_calls() {
+/// A private redis-server with a store on it, ready for a burst (`before_burst`), and a
+/// connection of its own whose command statistics were just reset.
+async fn burst_on_private_redis() -> (
+    redis_server::RedisServer,
+    Arc<dyn Store>,
+    ::redis::aio::MultiplexedConnection,
+    Vec<changehub::store::Appended>,
+) {
     let server = redis_server::RedisServer::start(false);
     let s: Arc<dyn Store> = Arc::new(changehub::store::RedisStore::open(&server.url()).unwrap());
     let client = ::redis::Client::open(server.url()).unwrap();
@@ -1425,6 +1429,14 @@ async fn redis_appends_started_together_share_script_calls() {
         .query_async(&mut conn)
         .await
         .unwrap();
+    (server, s, conn, seen)
+}
+
+/// Appends to one channel started together share script calls (group commit): 64 at once
+/// take fewer than 64 `EVALSHA`s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_appends_started_together_share_script_calls() {
+    let (_server, s, mut conn, seen) = burst_on_private_redis().await;
     let answers = wait_burst(start_burst(&s)).await;
     let calls = evalsha_calls(&mut conn).await;
     assert!(
@@ -1440,16 +1452,7 @@ async fn redis_appends_started_together_share_script_calls() {
 /// call does not hold them, and a large append does not wait for the channel's call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_appends_that_wait_together_go_in_one_call() {
-    let server = redis_server::RedisServer::start(false);
-    let s: Arc<dyn Store> = Arc::new(changehub::store::RedisStore::open(&server.url()).unwrap());
-    let client = ::redis::Client::open(server.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let seen = before_burst(s.as_ref()).await;
-    let _: () = ::redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let (server, s, mut conn, seen) = burst_on_private_redis().await;
     server.pause();
     let append = |channel: &'static str, tag: &'static str, n: usize| {
         let s = s.clone();
