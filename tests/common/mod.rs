@@ -128,10 +128,21 @@ impl TestHub {
 
     /// Pushes a JSON body; returns status and parsed JSON answer.
     pub async fn push_json(&self, body: serde_json::Value) -> (StatusCode, serde_json::Value) {
+        self.push_json_to(CHANNEL, TOKEN, body).await
+    }
+
+    /// Pushes a JSON body to `channel` with its publisher `token`; returns status and parsed
+    /// JSON answer.
+    pub async fn push_json_to(
+        &self,
+        channel: &str,
+        token: &str,
+        body: serde_json::Value,
+    ) -> (StatusCode, serde_json::Value) {
         let resp = self
             .client
-            .post(format!("{}/channels/{CHANNEL}/changes", self.url))
-            .bearer_auth(TOKEN)
+            .post(format!("{}/channels/{channel}/changes", self.url))
+            .bearer_auth(token)
             .json(&body)
             .send()
             .await
@@ -144,12 +155,19 @@ impl TestHub {
     /// Pushes `n` changes with locs `http://example.com/{prefix}/{i}`; asserts 202; returns
     /// (first, last).
     pub async fn push(&self, prefix: &str, n: usize) -> (u64, u64) {
+        self.push_to(CHANNEL, TOKEN, prefix, n).await
+    }
+
+    /// [`TestHub::push`] to `channel` with its publisher `token`.
+    pub async fn push_to(&self, channel: &str, token: &str, prefix: &str, n: usize) -> (u64, u64) {
         let changes: Vec<_> = (0..n)
             .map(|i| {
                 serde_json::json!({"loc": format!("http://example.com/{prefix}/{i}"), "change": "updated"})
             })
             .collect();
-        let (status, json) = self.push_json(serde_json::Value::Array(changes)).await;
+        let (status, json) = self
+            .push_json_to(channel, token, serde_json::Value::Array(changes))
+            .await;
         assert_eq!(status, StatusCode::ACCEPTED, "{json}");
         (
             json["first"].as_u64().unwrap(),

@@ -494,26 +494,6 @@ async fn a_websocket_that_reads_nothing_is_bounded_then_closed() {
     assert_eq!(seqs, (1..=100_000).collect::<Vec<u64>>());
 }
 
-/// Pushes `n` changes to `channel` with its publisher `token`; returns (first, last).
-async fn push_to(url: &str, channel: &str, token: &str, prefix: &str, n: usize) -> (u64, u64) {
-    let changes: Vec<_> = (0..n)
-        .map(|i| serde_json::json!({"loc": format!("http://example.com/{prefix}/{i}"), "change": "updated"}))
-        .collect();
-    let resp = reqwest::Client::new()
-        .post(format!("{url}/channels/{channel}/changes"))
-        .bearer_auth(token)
-        .json(&changes)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 202);
-    let json: serde_json::Value = resp.json().await.unwrap();
-    (
-        json["first"].as_u64().unwrap(),
-        json["last"].as_u64().unwrap(),
-    )
-}
-
 /// What one connection received, per channel: seqs in order, and frame types.
 #[derive(Default)]
 struct PerChannel(std::collections::HashMap<String, (Vec<u64>, Vec<String>)>);
@@ -577,7 +557,7 @@ async fn two_subscriptions_on_one_connection_share_its_budget_in_order() {
     for round in 0..4 {
         hub.push(&format!("r{round}"), 5_000).await;
     }
-    push_to(&hub.url, "other", "t2", "o", 900).await;
+    hub.push_to("other", "t2", "o", 900).await;
     hub.wait_published(20_000).await;
     hub.wait_published_in("other", 900).await;
 
@@ -598,7 +578,7 @@ async fn two_subscriptions_on_one_connection_share_its_budget_in_order() {
 
     // Live, both.
     let (_, news_last) = hub.push("live", 30).await;
-    let (_, other_last) = push_to(&hub.url, "other", "t2", "live", 20).await;
+    let (_, other_last) = hub.push_to("other", "t2", "live", 20).await;
     got.read_until(&mut ws, &[(CHANNEL, news_last), ("other", other_last)])
         .await;
     assert_eq!(got.seqs(CHANNEL), (1..=news_last).collect::<Vec<_>>());
@@ -616,7 +596,7 @@ async fn two_subscriptions_on_one_connection_share_its_budget_in_order() {
         got.add(&f);
     }
     hub.push("after", 5).await;
-    let (_, other_last) = push_to(&hub.url, "other", "t2", "after", 5).await;
+    let (_, other_last) = hub.push_to("other", "t2", "after", 5).await;
     got.read_until(&mut ws, &[("other", other_last)]).await;
     assert_eq!(got.seqs(CHANNEL), (1..=news_last).collect::<Vec<_>>());
     assert_eq!(got.seqs("other"), (101..=other_last).collect::<Vec<_>>());
@@ -653,7 +633,7 @@ async fn a_slow_client_with_two_subscriptions_resumes_the_one_that_overflowed() 
     while admin_json(&hub.url, "/api/live").await["slow_closes"] == 0 {
         assert!(pushed < 400, "the hub never closed the slow client");
         hub.push("big", 1000).await;
-        push_to(&hub.url, "other", "t2", "big", 1000).await;
+        hub.push_to("other", "t2", "big", 1000).await;
         pushed += 1;
     }
     loop {
