@@ -53,6 +53,7 @@ impl<'txn> SyncWriter<'txn> {
             .map_err(failed)?
             .map(|v| decode::<SyncState>(v.value()))
             .transpose()?;
+        let had_conflicts = current.as_ref().is_some_and(|c| !c.conflicts.is_empty());
         let by = change.source.as_deref().map(feedsync::endpoint_id);
         let sync = feedsync::record_local(
             current,
@@ -61,23 +62,27 @@ impl<'txn> SyncWriter<'txn> {
             change.datetime,
             change.change == ChangeType::Deleted,
         );
-        self.put(channel, &change.loc, change.seq, &sync)
+        self.put(channel, &change.loc, change.seq, &sync, had_conflicts)
     }
 
     /// Makes `sync` the item of `loc`, whose latest change is `seq`; returns its number of
-    /// conflicts.
+    /// conflicts. `had_conflicts`: whether its item may have carried conflicts until now (the
+    /// conflicts table has an entry to remove only then).
     fn put(
         &mut self,
         channel: &str,
         loc: &str,
         seq: u64,
         sync: &SyncState,
+        had_conflicts: bool,
     ) -> Result<u32, StoreError> {
         self.items
             .insert((channel, loc), encode(sync)?.as_slice())
             .map_err(failed)?;
         if sync.conflicts.is_empty() {
-            self.conflicts.remove((channel, loc)).map_err(failed)?;
+            if had_conflicts {
+                self.conflicts.remove((channel, loc)).map_err(failed)?;
+            }
         } else {
             self.conflicts.insert((channel, loc), seq).map_err(failed)?;
         }
@@ -237,7 +242,12 @@ fn merge_in(
         now,
         reply: oneshot::channel().0,
     };
-    let appended = append_in(&mut AppendTables::open(&txn)?, &job, news)?;
+    let appended = {
+        let mut tables = AppendTables::open(&txn)?;
+        let appended = append_in(&mut tables, &job, news)?;
+        tables.finish()?;
+        appended
+    };
     {
         let mut items = SyncWriter::open(&txn)?;
         let mut log = txn.open_table(CHANGES).map_err(failed)?;
@@ -247,7 +257,8 @@ fn merge_in(
                 Some(v) => decode(v.value())?,
                 None => return Err(StoreError::Corrupt(format!("merged seq {seq} missing"))),
             };
-            change.conflicts = items.put(channel, &change.loc, seq, sync)?;
+            // The append just recorded the hub's own update, which may carry conflicts.
+            change.conflicts = items.put(channel, &change.loc, seq, sync, true)?;
             let json = encode(&change)?;
             log.insert((channel, seq), json.as_slice())
                 .map_err(failed)?;

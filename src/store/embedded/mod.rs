@@ -438,6 +438,7 @@ fn append_all(db: &Database, jobs: &mut [AppendJob]) -> Result<Committed, StoreE
             }
             results.push(result);
         }
+        tables.finish()?;
     }
     txn.commit().map_err(failed)?;
     Ok((new_heads, results))
@@ -459,13 +460,16 @@ fn refresh_heads(db: &Database, heads: &Heads) {
 }
 
 /// The tables an append writes, opened once per write transaction (opening a table and
-/// closing it again costs more than appending one change).
+/// closing it again costs more than appending one change), and the meta of every channel
+/// appended to, decoded once and written once per transaction: call [`AppendTables::finish`]
+/// before committing.
 pub(super) struct AppendTables<'txn> {
     idem: Table<'txn, (&'static str, &'static str), &'static [u8]>,
     meta: Table<'txn, &'static str, &'static [u8]>,
     log: Table<'txn, (&'static str, u64), &'static [u8]>,
     index: IndexWriter<'txn>,
     items: feedsync::SyncWriter<'txn>,
+    metas: HashMap<String, ChannelMeta>,
 }
 
 impl<'txn> AppendTables<'txn> {
@@ -476,8 +480,38 @@ impl<'txn> AppendTables<'txn> {
             log: txn.open_table(CHANGES).map_err(failed)?,
             index: IndexWriter::open(txn)?,
             items: feedsync::SyncWriter::open(txn)?,
+            metas: HashMap::new(),
         })
     }
+
+    /// Writes the meta of every channel appended to.
+    pub(super) fn finish(mut self) -> Result<(), StoreError> {
+        for (channel, meta) in &self.metas {
+            self.meta
+                .insert(channel.as_str(), encode(meta)?.as_slice())
+                .map_err(failed)?;
+        }
+        Ok(())
+    }
+}
+
+/// The meta of `channel` as this transaction has it so far: from `metas`, or read from
+/// `table` into it.
+fn meta_in<'m>(
+    metas: &'m mut HashMap<String, ChannelMeta>,
+    table: &Table<'_, &'static str, &'static [u8]>,
+    channel: &str,
+) -> Result<&'m mut ChannelMeta, StoreError> {
+    if !metas.contains_key(channel) {
+        let meta = match table.get(channel).map_err(failed)? {
+            Some(v) => decode::<ChannelMeta>(v.value())?,
+            None => ChannelMeta::default(),
+        };
+        metas.insert(channel.to_string(), meta);
+    }
+    metas
+        .get_mut(channel)
+        .ok_or_else(|| StoreError::Corrupt("channel meta vanished".into()))
 }
 
 /// Appends `changes` as `job` asks, in the transaction `tables` belong to. Nothing is written
@@ -494,6 +528,7 @@ fn append_in(
         log,
         index,
         items,
+        metas,
     } = tables;
     if let Some(key) = &job.idempotency {
         if let Some(v) = idem.get((channel, key.key.as_str())).map_err(failed)? {
@@ -509,10 +544,7 @@ fn append_in(
             }
         }
     }
-    let mut meta = match meta_table.get(channel).map_err(failed)? {
-        Some(v) => decode::<ChannelMeta>(v.value())?,
-        None => ChannelMeta::default(),
-    };
+    let meta = meta_in(metas, meta_table, channel)?;
     let first = meta.last + 1;
     let accepted = changes.len();
     for new in changes {
@@ -533,9 +565,6 @@ fn append_in(
         meta.last = seq;
         meta.last_datetime = Some(datetime);
     }
-    meta_table
-        .insert(channel, encode(&meta)?.as_slice())
-        .map_err(failed)?;
     let appended = Appended {
         accepted,
         first,
