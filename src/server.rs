@@ -66,7 +66,7 @@ pub async fn run(
             stopping.cancel();
         });
     }
-    let state = http::AppState {
+    let state = Arc::new(http::Shared {
         config: config.clone(),
         store: hub.store.clone(),
         feeds: hub.feeds.clone(),
@@ -80,7 +80,7 @@ pub async fn run(
         rendered: Arc::default(),
         pages: hub.pages.clone(),
         xmpp: hub.xmpp.clone(),
-    };
+    });
     // Declared ones and those of the admin API, by name.
     let channels = hub.feeds.names();
     if let Some(fds) = crate::config::open_file_limit().filter(|&n| n < 4096) {

@@ -52,9 +52,12 @@ use crate::external::External;
 use crate::fanout::Fanout;
 use crate::store::Store;
 
-/// What every handler can reach. Cheap to clone.
-#[derive(Clone)]
-pub struct AppState {
+/// What every handler can reach: one allocation shared by every request, so that handing it
+/// to a handler is one reference count, not one per part.
+pub type AppState = Arc<Shared>;
+
+/// The parts of [`AppState`].
+pub struct Shared {
     pub config: Arc<Config>,
     pub store: Arc<dyn Store>,
     /// The feeds of the hosted channels.
