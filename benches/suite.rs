@@ -11,7 +11,8 @@
 //!   in the same run, and the table gets before columns.
 //! - `BENCH_BEFORE_LABEL`: how the report names the before binary (default: its path).
 //! - `BENCH_REPORT`: where to write the report (default `BENCHMARKS.md` at the repo root).
-//! - `BENCH_ONLY`: some of `fanout,callback,ingest,documents,websockets` (default: all).
+//! - `BENCH_ONLY`: some of `fanout,callback,ingest,documents,websockets,steady` (default: all
+//!   but `steady`, which runs only when named: it takes 10 minutes, 20 with a before binary).
 //! - `BENCH_VERBOSE`: print every wrk output.
 //!
 //! The hub runs as its own process (`changehub serve`, embedded store in a temporary folder,
@@ -35,7 +36,12 @@
 //!    same bytes as a static file (wrk -c8).
 //! 6. **Memory**: hub RSS per idle websocket at 10,000 against a minimal axum websocket server;
 //!    RSS left after they close; RSS at N retained.
-//! 7. **Cost growth**: fan-out at 1 … 10,000 subscribers; documents at 10³ … 10⁶ (10⁷) retained.
+//! 7. **Steady run** (`BENCH_ONLY=steady` only): 10 minutes (times `BENCH_SCALE`) of 2,000
+//!    changes/s in 10-change requests to a hub with `--cache-size 64` whose log is already at
+//!    its retention (and turns over), 100 callback subscribers, 10 live websockets and
+//!    catch-up reads every second; VmRSS every 10 s: its growth from the first minute to the end (flat: ≤ 1.10) and
+//!    its largest sample against the cache size plus a fixed allowance; nothing lost.
+//! 8. **Cost growth**: fan-out at 1 … 10,000 subscribers; documents at 10³ … 10⁶ (10⁷) retained.
 
 use axum::extract::ws::{Message as AxumMessage, WebSocketUpgrade};
 use axum::extract::State;
@@ -1414,6 +1420,412 @@ async fn websockets(ctx: &mut Ctx) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Figure 7: a steady run (only when BENCH_ONLY names `steady`).
+
+/// `--cache-size` of the steady run, MiB.
+const STEADY_CACHE_MIB: usize = 64;
+/// What the steady run's hub may hold beside its store's cache, MiB: the rendered page
+/// blocks kept in memory (`catchup::pages::CACHE_BYTES`, 64 MiB) and the closed lists kept
+/// rendered (`http::rendered::CLOSED_BYTES`, 64 MiB), both filled by the run's reads, and
+/// 32 MiB for the rest. Measured (heaptrack, live allocations at the peak of a 3-minute run):
+/// redb 65 MB, page blocks 61 MB, closed lists 84 MB (before their spare capacity was
+/// given back), everything else 17 MB. Memory that malloc keeps after it was freed is not
+/// allowed for: that is what the figure is there to show.
+const STEADY_ALLOWANCE_MIB: usize = 160;
+/// Changes per second the steady run publishes, in 10-change requests.
+const STEADY_RATE: f64 = 2_000.0;
+/// The steady run's retention (times `BENCH_SCALE`): the log turns over 4 times.
+const STEADY_RETAIN: usize = 300_000;
+const STEADY_SUBSCRIBERS: usize = 100;
+const STEADY_WEBSOCKETS: usize = 10;
+/// `changes?after=` pages read each second in the steady run.
+const STEADY_PAGES: usize = 4;
+/// RSS samples of the steady run after the one at its start, one per step.
+const STEADY_STEPS: u32 = 60;
+/// The sample taken once the first minute is over.
+const STEADY_WARM: usize = 6;
+
+/// One step of the steady run: 10 s, times `BENCH_SCALE`.
+fn steady_step() -> Duration {
+    Duration::from_secs_f64(10.0 * scale_f()).max(Duration::from_millis(100))
+}
+
+/// "10 min", "30 s", "0.5 s".
+fn span(d: Duration) -> String {
+    let tenths = (d.as_secs_f64() * 10.0).round() as u64;
+    if tenths >= 600 && tenths.is_multiple_of(600) {
+        format!("{} min", tenths / 600)
+    } else if tenths.is_multiple_of(10) {
+        format!("{} s", tenths / 10)
+    } else {
+        format!("{:.1} s", tenths as f64 / 10.0)
+    }
+}
+
+struct Sample {
+    rss: u64,
+    published: u64,
+    delivered: u64,
+}
+
+struct Steady {
+    /// VmRSS once settled after the start, before anything was subscribed or posted.
+    empty_rss: u64,
+    /// At the start of the load, then one per step.
+    samples: Vec<Sample>,
+    /// The last seq a 202 acknowledged.
+    posted: u64,
+    /// `published` of `bench` in `/channels` once the load stopped (and drained, or 120 s).
+    published: u64,
+    /// The subscriptions' lag summed, at the same time.
+    behind: u64,
+    /// Deliveries with another outcome than `delivered`.
+    failed: u64,
+    /// Changes per second acknowledged.
+    rate: f64,
+    /// Hub CPU over the load, percent of one core.
+    cpu: f64,
+    reads: u64,
+    read_errors: u64,
+}
+
+impl Steady {
+    fn warm(&self) -> u64 {
+        self.samples[STEADY_WARM].rss
+    }
+
+    fn end(&self) -> u64 {
+        self.samples.last().unwrap().rss
+    }
+
+    fn max(&self) -> u64 {
+        self.samples.iter().map(|s| s.rss).max().unwrap()
+    }
+
+    fn lost(&self) -> u64 {
+        self.posted.saturating_sub(self.published) + self.behind
+    }
+}
+
+/// `bench` in `/channels`: (oldest, last, published).
+async fn bench_channel(hub: &Hub) -> Option<(u64, u64, u64)> {
+    let channels: serde_json::Value =
+        serde_json::from_slice(&hub.get("/channels", &[]).await).ok()?;
+    let bench = channels.as_array()?.iter().find(|c| c["name"] == "bench")?;
+    Some((
+        bench["oldest"].as_u64()?,
+        bench["last"].as_u64()?,
+        bench["published"].as_u64()?,
+    ))
+}
+
+/// The lag of `bench`'s subscriptions, summed.
+async fn bench_lag(hub: &Hub) -> Option<u64> {
+    let subs: Vec<serde_json::Value> =
+        serde_json::from_slice(&hub.get("/api/subscriptions", &[]).await).ok()?;
+    Some(
+        subs.iter()
+            .filter(|s| s["channel"] == "bench")
+            .map(|s| s["lag"].as_u64().unwrap_or(0))
+            .sum(),
+    )
+}
+
+/// GET `path`, reading the whole body; what went wrong unless it answered 2xx.
+async fn read_ok(hub: &Hub, path: &str, gzip: bool) -> Result<(), String> {
+    let mut req = hub.client.get(format!("{}{path}", hub.base));
+    if gzip {
+        req = req.header("accept-encoding", "gzip");
+    }
+    let resp = req.send().await.map_err(|e| e.to_string())?;
+    let status = resp.status();
+    let body = resp.bytes().await.map_err(|e| e.to_string())?;
+    if status.is_success() {
+        Ok(())
+    } else {
+        Err(format!("{status}: {}", String::from_utf8_lossy(&body)))
+    }
+}
+
+/// One round of catch-up reads: the topic (plain and gzip), a closed list picked at random
+/// from the archive, and [`STEADY_PAGES`] `changes?after=R&limit=1000` pages with R uniform
+/// over the newer 90% of the retained log (the older tenth may be trimmed before the read).
+/// Returns (reads, not 2xx); each read that failed is printed.
+async fn steady_reads(hub: &Hub) -> (u64, u64) {
+    let topic = "/channels/bench/changelist.xml";
+    let mut reads = vec![(topic.to_string(), false), (topic.to_string(), true)];
+    let archive = hub.get("/channels/bench/changelist-archive.xml", &[]).await;
+    let archive = String::from_utf8_lossy(&archive);
+    let closed: Vec<String> = archive
+        .match_indices("/channels/bench/changelist/")
+        .filter_map(|(i, _)| {
+            let rest = &archive[i..];
+            rest.find(".xml").map(|end| rest[..end + 4].to_string())
+        })
+        .collect();
+    if !closed.is_empty() {
+        let pick = rand::random_range(0..closed.len());
+        reads.push((closed[pick].clone(), false));
+    }
+    if let Some((oldest, last, _)) = bench_channel(hub).await {
+        let lo = oldest + (last - oldest) / 10;
+        let hi = last.saturating_sub(1000).max(lo);
+        for _ in 0..STEADY_PAGES {
+            let after = rand::random_range(lo..=hi);
+            reads.push((
+                format!("/channels/bench/changes?after={after}&limit=1000"),
+                false,
+            ));
+        }
+    }
+    let mut failed = 0;
+    for (path, gzip) in &reads {
+        if let Err(e) = read_ok(hub, path, *gzip).await {
+            progress(&format!("steady run: GET {path}: {e}"));
+            failed += 1;
+        }
+    }
+    // The archive too (read with `Hub::get`, which stops the bench unless it answers 2xx).
+    (reads.len() as u64 + 1, failed)
+}
+
+async fn steady_run(ctx: &Ctx, bin: &Path) -> Steady {
+    let opts = HubOpts {
+        cache_mib: Some(STEADY_CACHE_MIB),
+        retain_changes: scale(STEADY_RETAIN) as u64,
+        ..HubOpts::default()
+    };
+    let hub = Hub::start(bin, &opts).await;
+    let empty_rss = settled_rss(hub.pid()).await;
+    // The log at its retention from the start (as in a hub that has run for a while), so
+    // that what the run reads can fill the hub's bounded caches within its first minute.
+    let retained = opts.retain_changes;
+    progress(&format!(
+        "steady run: filling the log to {}",
+        count(retained)
+    ));
+    fill(&hub, 0, retained).await;
+    procs::poll(
+        "the hub to publish the fill",
+        Duration::from_secs(120),
+        Duration::from_millis(100),
+        || async { (bench_channel(&hub).await?.2 >= retained).then_some(()) },
+    )
+    .await;
+    subscribe(&hub, &ctx.nginx, 0, STEADY_SUBSCRIBERS).await;
+    let ws_url = format!("{}/ws", hub.base.replace("http://", "ws://"));
+    let live = serde_json::json!({"op": "subscribe", "channel": "bench"}).to_string();
+    let mut websockets = open_websockets(&ws_url, STEADY_WEBSOCKETS, Some(&live)).await;
+
+    let step = steady_step();
+    let length = step * STEADY_STEPS;
+    let cpu0 = hub.cpu_seconds();
+    let start = tokio::time::Instant::now();
+    let stop = start + length;
+    let feeder = async {
+        let mut tick = tokio::time::interval(Duration::from_secs_f64(10.0 / STEADY_RATE));
+        // A stall is made up for afterwards: the run publishes rate × length in all.
+        tick.set_missed_tick_behavior(MissedTickBehavior::Burst);
+        let (mut requests, mut last) = (0u64, 0);
+        loop {
+            tick.tick().await;
+            if tokio::time::Instant::now() >= stop {
+                break;
+            }
+            last = hub
+                .post_changes("bench", changes_body(10))
+                .await
+                .1
+                .max(last);
+            requests += 1;
+        }
+        (requests, last)
+    };
+    let reader = async {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let (mut reads, mut failed) = (0, 0);
+        loop {
+            tick.tick().await;
+            if tokio::time::Instant::now() >= stop {
+                break;
+            }
+            let (r, f) = steady_reads(&hub).await;
+            reads += r;
+            failed += f;
+        }
+        (reads, failed)
+    };
+    let sampler = async {
+        let mut samples = Vec::new();
+        for k in 0..=STEADY_STEPS {
+            tokio::time::sleep_until(start + step * k).await;
+            let rss = hub.rss();
+            let published = bench_channel(&hub).await.map_or(0, |c| c.2);
+            let (delivered, _) = hub.deliveries().await;
+            if k % 6 == 0 {
+                progress(&format!(
+                    "steady run: {} of {}, RSS {:.0} MiB",
+                    span(step * k),
+                    span(length),
+                    rss as f64 / 1_048_576.0
+                ));
+            }
+            samples.push(Sample {
+                rss,
+                published,
+                delivered,
+            });
+        }
+        samples
+    };
+    let ((requests, posted), (reads, read_errors), samples) = tokio::join!(feeder, reader, sampler);
+    let cpu = (hub.cpu_seconds() - cpu0) * 100.0 / length.as_secs_f64();
+
+    // Nothing lost: every acknowledged change published, every subscriber at the head.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let (published, behind) = loop {
+        let published = bench_channel(&hub).await.map_or(0, |c| c.2);
+        let behind = bench_lag(&hub).await.unwrap_or(u64::MAX);
+        if (published >= posted && behind == 0) || Instant::now() >= deadline {
+            break (published, behind);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let (_, failed) = hub.deliveries().await;
+    websockets.abort_all();
+    while websockets.join_next().await.is_some() {}
+    Steady {
+        empty_rss,
+        samples,
+        posted,
+        published,
+        behind,
+        failed,
+        rate: (requests * 10) as f64 / length.as_secs_f64(),
+        cpu,
+        reads,
+        read_errors,
+    }
+}
+
+async fn steady(ctx: &mut Ctx) {
+    let step = steady_step();
+    let length = step * STEADY_STEPS;
+    let mut runs = Vec::new();
+    for bin in ctx.bins.clone() {
+        progress(&format!("steady run: {}", span(length)));
+        runs.push(steady_run(ctx, &bin).await);
+    }
+    fn mib(bytes: u64) -> f64 {
+        bytes as f64 / 1_048_576.0
+    }
+    let name = format!("7. steady run of {}", span(length));
+    let warm = span(step * STEADY_WARM as u32);
+    type Get = fn(&Steady) -> (f64, Option<f64>);
+    let rows: [(String, Unit, Goal, Get); 5] = [
+        (
+            format!("{name}: hub RSS at {warm} (baseline: empty)"),
+            Unit::MiB,
+            Goal::None,
+            |r| (mib(r.warm()), Some(mib(r.empty_rss))),
+        ),
+        (
+            format!("{name}: hub RSS at the end (baseline: at {warm})"),
+            Unit::MiB,
+            Goal::RatioAtMost(1.10),
+            |r| (mib(r.end()), Some(mib(r.warm()))),
+        ),
+        (
+            format!("{name}: hub RSS at most, `--cache-size {STEADY_CACHE_MIB}`"),
+            Unit::MiB,
+            Goal::AtMost((STEADY_CACHE_MIB + STEADY_ALLOWANCE_MIB) as f64),
+            |r| (mib(r.max()), None),
+        ),
+        (
+            format!("{name}: changes not published or not delivered at the end"),
+            Unit::Count,
+            Goal::AtMost(0.0),
+            |r| (r.lost() as f64, None),
+        ),
+        (
+            format!("{name}: failed deliveries"),
+            Unit::Count,
+            Goal::AtMost(0.0),
+            |r| (r.failed as f64, None),
+        ),
+    ];
+    for (figure, unit, goal, get) in rows {
+        let per_bin: Vec<_> = runs.iter().map(get).collect();
+        ctx.row(figure, unit, goal, &per_bin);
+    }
+    let mut rows = Vec::new();
+    for k in (0..=STEADY_STEPS as usize).step_by(STEADY_WARM) {
+        let mut row = vec![span(step * k as u32)];
+        for r in &runs {
+            let s = &r.samples[k];
+            let minute = &r.samples[k.saturating_sub(STEADY_WARM - 1)..=k];
+            let top = minute.iter().map(|s| s.rss).max().unwrap();
+            row.push(format!("{:.0}", mib(s.rss)));
+            row.push(format!("{:.0}", mib(top)));
+            row.push(count(s.published));
+            row.push(count(s.delivered));
+        }
+        rows.push(row);
+    }
+    let mut header = vec![
+        "time",
+        "RSS MiB",
+        "largest sample since the last row, MiB",
+        "changes published",
+        "deliveries",
+    ];
+    if runs.len() > 1 {
+        header.extend(["before: RSS MiB", "largest", "published", "deliveries"]);
+    }
+    ctx.report.table(
+        &format!("Steady run: hub RSS over {}", span(length)),
+        &header,
+        &rows,
+    );
+    let r = &runs[0];
+    ctx.report.note(format!(
+        "**7. Steady run** (only with `BENCH_ONLY=steady`): a fresh hub, embedded store, \
+         `--cache-size {STEADY_CACHE_MIB} --retain-changes {retain}` (defaults otherwise: \
+         `--max-batch 1000 --linger 100ms`), its log filled to the retention first \
+         (1,000-change requests, 8 at a time, until `/channels` shows them published), then \
+         {STEADY_SUBSCRIBERS} subscribers on nginx as in figure 1 and {STEADY_WEBSOCKETS} \
+         websockets subscribed live to `bench`; then for {length}: 10-change requests to \
+         `bench` one at a time on a fixed schedule of {rate} changes/s (each change to a new \
+         resource; {achieved} changes/s acknowledged, the last seq {posted}), and once a \
+         second the topic, the topic with gzip, the archive, a closed list picked from it at \
+         random and {STEADY_PAGES} `changes?after=R&limit=1000` pages with R uniform over the \
+         newer 90% of the retained log ({reads} reads, {read_errors} not 2xx). VmRSS at the \
+         start of the load and every {step}: the first row is the sample at {warm} against \
+         the RSS of the hub once settled after its start, empty; the second the last sample \
+         against it (the ratio is the growth); the third the largest sample, against \
+         `--cache-size` + {STEADY_ALLOWANCE_MIB} MiB (the page blocks kept in memory, 64 MiB, \
+         and the closed lists kept rendered, 64 MiB, both filled by the reads; 32 MiB for the \
+         rest). Once the load stopped (at most 120 s more): the changes acknowledged but not \
+         in `/channels`' `published`, plus the subscriptions' lag summed ({published} \
+         published; lag {behind}); failed deliveries: outcomes other than `delivered` in \
+         `/metrics`. Hub CPU over the load: {cpu:.0}% of one core.",
+        retain = count(scale(STEADY_RETAIN)),
+        length = span(length),
+        rate = count(STEADY_RATE as u64),
+        achieved = si(r.rate),
+        posted = count(r.posted),
+        reads = count(r.reads),
+        read_errors = r.read_errors,
+        step = span(step),
+        warm = span(step * STEADY_WARM as u32),
+        published = count(r.published),
+        behind = r.behind,
+        cpu = r.cpu
+    ));
+}
+
+// ---------------------------------------------------------------------------------------------
 
 fn main() {
     let role = std::env::var("BENCH_ROLE").unwrap_or_default();
@@ -1470,6 +1882,10 @@ fn main() {
         }
         if run("websockets") {
             websockets(&mut ctx).await;
+        }
+        // Ten minutes: only when named.
+        if only.split(',').any(|g| g.trim() == "steady") {
+            steady(&mut ctx).await;
         }
 
         let mut command =

@@ -154,6 +154,10 @@ pub struct HubOpts {
     pub redis: Option<String>,
     pub max_batch: usize,
     pub linger_ms: u64,
+    /// `--retain-changes` of every channel (default 10⁸: nothing is trimmed in a figure).
+    pub retain_changes: u64,
+    /// `--cache-size` in MiB (the embedded store's cache); the hub's default when `None`.
+    pub cache_mib: Option<usize>,
 }
 
 impl Default for HubOpts {
@@ -162,6 +166,8 @@ impl Default for HubOpts {
             redis: None,
             max_batch: 1000,
             linger_ms: 100,
+            retain_changes: 100_000_000,
+            cache_mib: None,
         }
     }
 }
@@ -198,9 +204,12 @@ impl Hub {
             ("--ws-ping", "1h".into()),
             ("--max-subscriptions-per-topic", "30000".into()),
             ("--max-subscriptions-per-host", "30000".into()),
-            ("--retain-changes", "100000000".into()),
+            ("--retain-changes", opts.retain_changes.to_string()),
         ] {
             command.args([flag, &value]);
+        }
+        if let Some(mib) = opts.cache_mib {
+            command.args(["--cache-size", &mib.to_string()]);
         }
         command.arg("--allow-private-callbacks");
         if let Some(url) = &opts.redis {

@@ -15,6 +15,8 @@ pub enum Unit {
     Us,
     KiB,
     MiB,
+    /// A number of things (changes, deliveries).
+    Count,
 }
 
 impl Unit {
@@ -26,6 +28,7 @@ impl Unit {
             Unit::Us => format!("{v:.1} µs"),
             Unit::KiB => format!("{v:.1} KiB"),
             Unit::MiB => format!("{v:.0} MiB"),
+            Unit::Count => format!("{v:.0}"),
         }
     }
 }
@@ -50,6 +53,8 @@ pub fn si(v: f64) -> String {
 pub enum Goal {
     /// value / baseline at least this.
     Ratio(f64),
+    /// value / baseline at most this (a growth).
+    RatioAtMost(f64),
     /// The value at most this (in the row's unit).
     AtMost(f64),
     /// Informational.
@@ -81,6 +86,7 @@ impl Row {
     fn met(&self, value: f64, ratio: Option<f64>) -> &'static str {
         let ok = match self.goal {
             Goal::Ratio(r) => ratio.map(|x| x >= r),
+            Goal::RatioAtMost(r) => ratio.map(|x| x <= r),
             Goal::AtMost(x) => Some(value <= x),
             Goal::None => None,
         };
@@ -94,6 +100,7 @@ impl Row {
     fn goal_text(&self) -> String {
         match self.goal {
             Goal::Ratio(r) => format!("ratio ≥ {r}"),
+            Goal::RatioAtMost(r) => format!("ratio ≤ {r:.2}"),
             Goal::AtMost(x) => format!("≤ {}", self.unit.show(x)),
             Goal::None => "—".into(),
         }
@@ -220,7 +227,7 @@ impl Report {
             md.push('\n');
         }
         md += "\nratio = value ÷ baseline (for latencies and memory, lower is better; their goals \
-               are on the value).\n\n## Cost growth\n\n";
+               are on the value, but for a growth: `ratio ≤`).\n\n## Cost growth\n\n";
         for t in &self.tables {
             md += t;
             md.push('\n');

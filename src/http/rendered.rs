@@ -24,7 +24,12 @@ pub struct Rendered {
 }
 
 impl Rendered {
-    pub fn new(body: Vec<u8>) -> Arc<Rendered> {
+    /// Keeps `body`. Its spare capacity is given back first: renderers allocate for a
+    /// generous guess of the size, and `Bytes` would keep the whole allocation while the
+    /// bound of the closed lists counts only the length (a closed list of 10,000 changes of the
+    /// benchmark: about 3.5 MB allocated for 2.8 MB written).
+    pub fn new(mut body: Vec<u8>) -> Arc<Rendered> {
+        body.shrink_to_fit();
         Arc::new(Rendered {
             body: Bytes::from(body),
             gzip: OnceLock::new(),
@@ -77,7 +82,10 @@ fn gzip(body: &[u8]) -> Option<Bytes> {
         flate2::Compression::fast(),
     );
     encoder.write_all(body).ok()?;
-    encoder.finish().ok().map(Bytes::from)
+    // Allocated for a quarter of the body; XML compresses to less, and the rest is freed.
+    let mut gz = encoder.finish().ok()?;
+    gz.shrink_to_fit();
+    Some(Bytes::from(gz))
 }
 
 /// The rendered documents of every channel (see the module docs).
