@@ -47,6 +47,25 @@ pub fn open_store(config: &Config) -> Result<Arc<dyn Store>, Error> {
     }
 }
 
+/// Caps glibc's malloc at two arenas per CPU (its default is eight), unless the operator set
+/// `MALLOC_ARENA_MAX`. The hub runs many threads (runtime workers, the delivery runtime, the
+/// store's writer, blocking reads); each can get an arena of its own, and memory freed in one
+/// arena is not reused by the threads of another, so a long-running hub's resident memory
+/// kept growing with memory it had freed (the steady run of `docs/performance.md`). Call it
+/// first thing in the process: arenas are made as threads first allocate.
+pub fn limit_malloc_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let arenas = libc::c_int::try_from(2 * cpus).unwrap_or(libc::c_int::MAX);
+        // SAFETY: mallopt takes no pointers; M_ARENA_MAX only bounds how many arenas malloc
+        // makes from now on. A refusal (0) leaves the default, which is harmless.
+        unsafe {
+            libc::mallopt(libc::M_ARENA_MAX, arenas);
+        }
+    }
+}
+
 /// Runs the hub on `listener` until `shutdown` completes.
 pub async fn run(
     listener: TcpListener,
