@@ -21,6 +21,7 @@ use redb::{
     Database, Durability, ReadableDatabase, ReadableTable, Table, TableDefinition, WriteTransaction,
 };
 use serde::{Deserialize, Serialize};
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{mpsc as std_mpsc, Arc, Mutex};
@@ -502,16 +503,13 @@ fn meta_in<'m>(
     table: &Table<'_, &'static str, &'static [u8]>,
     channel: &str,
 ) -> Result<&'m mut ChannelMeta, StoreError> {
-    if !metas.contains_key(channel) {
-        let meta = match table.get(channel).map_err(failed)? {
+    Ok(match metas.entry(channel.to_string()) {
+        Entry::Occupied(known) => known.into_mut(),
+        Entry::Vacant(new) => new.insert(match table.get(channel).map_err(failed)? {
             Some(v) => decode::<ChannelMeta>(v.value())?,
             None => ChannelMeta::default(),
-        };
-        metas.insert(channel.to_string(), meta);
-    }
-    metas
-        .get_mut(channel)
-        .ok_or_else(|| StoreError::Corrupt("channel meta vanished".into()))
+        }),
+    })
 }
 
 /// Appends `changes` as `job` asks, in the transaction `tables` belong to. Nothing is written
