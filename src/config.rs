@@ -89,9 +89,11 @@ pub struct ServeArgs {
     /// Largest ingest request body in bytes (default 8 MiB).
     #[arg(long, env = "CHANGEHUB_MAX_BODY")]
     pub max_body: Option<usize>,
-    /// Memory the embedded store may use to cache its file, in MiB (default 256): it bounds
-    /// the hub's resident memory however long the log grows; more makes reads of older
-    /// changes faster. Not used with --redis.
+    /// Memory for the hub's caches, all together, in MiB (default 256): half for the embedded
+    /// store's file, a quarter for the rendered entries of `changes?after=` pages, a quarter
+    /// for rendered closed Change Lists. It bounds the hub's resident memory however long the
+    /// log grows; more makes reads of older changes faster. With --redis the store's half is
+    /// not used.
     #[arg(long, env = "CHANGEHUB_CACHE_SIZE")]
     pub cache_size: Option<usize>,
     /// Disk the files of rendered `changes?after=` page entries may take, in MiB (default
@@ -450,6 +452,32 @@ pub struct Config {
     pub dump_dir: Option<PathBuf>,
     /// The rendered entries of `changes?after=` pages kept.
     pub pages: PagesConfig,
+    /// Most bytes of rendered closed Change Lists kept in memory (a quarter of
+    /// `--cache-size`; see [`crate::http::rendered`]).
+    pub closed_lists: usize,
+}
+
+/// How `--cache-size` is shared out among the hub's caches: half to the embedded store's
+/// file, a quarter each to the rendered entries of `changes?after=` pages and to rendered
+/// closed Change Lists. With Redis the store's half is not used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caches {
+    pub store: usize,
+    pub pages: usize,
+    pub closed_lists: usize,
+}
+
+impl Caches {
+    /// `--cache-size` unless given, bytes.
+    pub const DEFAULT: usize = 256 << 20;
+
+    pub fn of(total: usize) -> Caches {
+        Caches {
+            store: total / 2,
+            pages: total / 4,
+            closed_lists: total / 4,
+        }
+    }
 }
 
 /// How much of the rendered entries of `changes?after=` pages is kept, and where (see
@@ -640,6 +668,11 @@ impl ServeArgs {
             )));
         }
 
+        let caches = Caches::of(
+            self.cache_size
+                .or(file.cache_size)
+                .map_or(Caches::DEFAULT, |mib| mib.saturating_mul(1 << 20)),
+        );
         let store = match self.redis.or(file.redis) {
             Some(url) => {
                 crate::store::redis::Target::parse(&url)
@@ -651,12 +684,7 @@ impl ServeArgs {
                     .data_dir
                     .or(file.data_dir)
                     .unwrap_or_else(|| PathBuf::from("changehub-data")),
-                cache_size: self
-                    .cache_size
-                    .or(file.cache_size)
-                    .map_or(crate::store::embedded::DEFAULT_CACHE, |mib| {
-                        mib.saturating_mul(1 << 20)
-                    }),
+                cache_size: caches.store,
             },
         };
 
@@ -847,7 +875,7 @@ impl ServeArgs {
         )?;
 
         let pages = PagesConfig {
-            memory: crate::catchup::pages::CACHE_BYTES,
+            memory: caches.pages,
             files: self
                 .page_files_size
                 .or(file.page_files_size)
@@ -864,6 +892,7 @@ impl ServeArgs {
             dump_defaults,
             dump_dir,
             pages,
+            closed_lists: caches.closed_lists,
             xmpp,
             listen,
             urls,
@@ -1071,14 +1100,20 @@ mod tests {
     }
 
     #[test]
-    fn the_cache_size_is_mebibytes_from_the_flag_or_the_file() {
-        let cache = |args: ServeArgs| match args.resolve().unwrap().store {
-            StoreConfig::Embedded { cache_size, .. } => cache_size,
-            StoreConfig::Redis { .. } => panic!("not embedded"),
+    fn the_cache_size_is_mebibytes_from_the_flag_or_the_file_shared_among_the_caches() {
+        // (store's cache, page entries, closed lists), bytes.
+        let caches = |args: ServeArgs| {
+            let config = args.resolve().unwrap();
+            let store = match config.store {
+                StoreConfig::Embedded { cache_size, .. } => cache_size,
+                StoreConfig::Redis { .. } => panic!("not embedded"),
+            };
+            (store, config.pages.memory, config.closed_lists)
         };
         assert_eq!(
-            cache(ServeArgs::default()),
-            crate::store::embedded::DEFAULT_CACHE
+            caches(ServeArgs::default()),
+            (128 << 20, 64 << 20, 64 << 20),
+            "256 MiB by default: half to the store, a quarter to each other cache"
         );
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("hub.toml");
@@ -1087,12 +1122,23 @@ mod tests {
             config: Some(path),
             ..ServeArgs::default()
         };
-        assert_eq!(cache(from_file.clone()), 32 << 20);
+        assert_eq!(caches(from_file.clone()), (16 << 20, 8 << 20, 8 << 20));
         let flag = ServeArgs {
             cache_size: Some(64),
             ..from_file
         };
-        assert_eq!(cache(flag), 64 << 20);
+        assert_eq!(caches(flag), (32 << 20, 16 << 20, 16 << 20));
+        let redis = ServeArgs {
+            redis: Some("redis://127.0.0.1:1/".into()),
+            cache_size: Some(64),
+            ..ServeArgs::default()
+        }
+        .resolve()
+        .unwrap();
+        assert_eq!(
+            (redis.pages.memory, redis.closed_lists),
+            (16 << 20, 16 << 20)
+        );
     }
 
     #[test]

@@ -96,7 +96,7 @@ pub async fn run(
         connections: Arc::default(),
         metrics: crate::telemetry::install(),
         control: hub.control.clone(),
-        rendered: Arc::default(),
+        rendered: Arc::new(http::rendered::RenderedDocs::new(config.closed_lists)),
         pages: hub.pages.clone(),
         xmpp: hub.xmpp.clone(),
     });

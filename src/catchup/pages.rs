@@ -7,7 +7,7 @@
 //! and slices of blocks. Only complete blocks are kept: all of their seqs written and still
 //! retained. Two tiers, each bounded, the block used least recently going first:
 //!
-//! - **memory** ([`PageCache`], [`CACHE_BYTES`] by default): the blocks rendered from the
+//! - **memory** ([`PageCache`], a quarter of `--cache-size`): the blocks rendered from the
 //!   store on a miss, and blocks read whole from a file while there is room;
 //! - **files** ([`PageFiles`], [`FILES_BYTES`] by default): one file per block, written when
 //!   a block is rendered, and as soon as a channel's feed publishes the notification that
@@ -42,7 +42,8 @@ use crate::resourcesync::{self, RenderedEntries};
 
 /// Seqs per block.
 pub const BLOCK: u64 = 1_000;
-/// Most bytes of rendered entries kept in memory, all channels together.
+/// Most bytes of rendered entries kept in memory, all channels together, when no bound is
+/// given (a quarter of `--cache-size` in `changehub serve`).
 pub const CACHE_BYTES: usize = 64 << 20;
 /// Most bytes of block files kept on disk, all channels together (`--page-files-size`).
 pub const FILES_BYTES: u64 = 2 << 30;

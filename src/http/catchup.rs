@@ -213,7 +213,7 @@ pub async fn closed_list(
     let mut response = if matches(&headers, &etag) {
         StatusCode::NOT_MODIFIED.into_response()
     } else {
-        doc.response(&headers)
+        state.rendered.closed_response(&key, &doc, &headers)
     };
     set_header(&mut response, http::header::ETAG, &etag);
     set_header(

@@ -28,7 +28,7 @@ mod health;
 mod ingest;
 mod listen;
 mod metrics;
-mod rendered;
+pub(crate) mod rendered;
 mod sse;
 mod websub;
 pub mod ws;

@@ -2,8 +2,8 @@
 //! changes) and recently read closed Change Lists (they never change). Each is rendered once
 //! and, when a client asks for gzip, compressed once; later requests copy bytes.
 //!
-//! Bounds: one topic per channel, and closed lists up to [`CLOSED_BYTES`] in all (the oldest
-//! dropped first).
+//! Bounds: one topic per channel, and closed lists up to a bound of bytes in all, gzip forms
+//! included (a quarter of `--cache-size`; the oldest dropped first).
 
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
@@ -12,7 +12,7 @@ use std::collections::{HashMap, VecDeque};
 use std::io::Write;
 use std::sync::{Arc, Mutex, OnceLock};
 
-/// Most bytes of closed lists kept.
+/// Most bytes of closed lists kept when no bound is given (tests).
 pub const CLOSED_BYTES: usize = 64 << 20;
 /// Smaller documents are sent as they are (gzip saves little there).
 pub const GZIP_FROM: usize = 1024;
@@ -89,22 +89,67 @@ fn gzip(body: &[u8]) -> Option<Bytes> {
 }
 
 /// The rendered documents of every channel (see the module docs).
-#[derive(Default)]
 pub struct RenderedDocs {
     /// Channel → (the key it was rendered for, the document).
     topics: Mutex<HashMap<String, (String, Arc<Rendered>)>>,
     closed: Mutex<ClosedLists>,
 }
 
-#[derive(Default)]
 struct ClosedLists {
-    by_key: HashMap<String, Arc<Rendered>>,
+    /// Key → (the document, the bytes counted for it: its body, and its gzip form once made).
+    by_key: HashMap<String, (Arc<Rendered>, usize)>,
     /// Keys, oldest first.
     order: VecDeque<String>,
     bytes: usize,
+    bound: usize,
+}
+
+impl ClosedLists {
+    /// Drops the oldest lists until the rest fit the bound.
+    fn shrink(&mut self) {
+        while self.bytes > self.bound {
+            let Some(oldest) = self.order.pop_front() else {
+                break;
+            };
+            if let Some((_, counted)) = self.by_key.remove(&oldest) {
+                self.bytes -= counted;
+            }
+        }
+    }
+}
+
+impl Default for RenderedDocs {
+    fn default() -> RenderedDocs {
+        RenderedDocs::new(CLOSED_BYTES)
+    }
+}
+
+impl Rendered {
+    /// The bytes this document holds: its body, and its gzip form once made.
+    fn size(&self) -> usize {
+        self.body.len()
+            + self
+                .gzip
+                .get()
+                .and_then(Option::as_ref)
+                .map_or(0, Bytes::len)
+    }
 }
 
 impl RenderedDocs {
+    /// Keeps closed lists up to `closed_bytes` in all, their gzip forms included.
+    pub fn new(closed_bytes: usize) -> RenderedDocs {
+        RenderedDocs {
+            topics: Mutex::default(),
+            closed: Mutex::new(ClosedLists {
+                by_key: HashMap::new(),
+                order: VecDeque::new(),
+                bytes: 0,
+                bound: closed_bytes,
+            }),
+        }
+    }
+
     /// `channel`'s topic if it was rendered for `key` (its entity tag and epoch).
     pub fn topic(&self, channel: &str, key: &str) -> Option<Arc<Rendered>> {
         let topics = self.topics.lock().unwrap_or_else(|e| e.into_inner());
@@ -122,25 +167,36 @@ impl RenderedDocs {
     /// A closed list rendered before (`key` names its channel, epoch and range).
     pub fn closed(&self, key: &str) -> Option<Arc<Rendered>> {
         let closed = self.closed.lock().unwrap_or_else(|e| e.into_inner());
-        closed.by_key.get(key).cloned()
+        closed.by_key.get(key).map(|(doc, _)| doc.clone())
     }
 
     pub fn keep_closed(&self, key: String, doc: Arc<Rendered>) {
         let mut closed = self.closed.lock().unwrap_or_else(|e| e.into_inner());
-        if closed.by_key.contains_key(&key) || doc.body.len() > CLOSED_BYTES {
+        let size = doc.size();
+        if closed.by_key.contains_key(&key) || size > closed.bound {
             return;
         }
-        closed.bytes += doc.body.len();
+        closed.bytes += size;
         closed.order.push_back(key.clone());
-        closed.by_key.insert(key, doc);
-        while closed.bytes > CLOSED_BYTES {
-            let Some(oldest) = closed.order.pop_front() else {
-                break;
-            };
-            if let Some(doc) = closed.by_key.remove(&oldest) {
-                closed.bytes -= doc.body.len();
+        closed.by_key.insert(key, (doc, size));
+        closed.shrink();
+    }
+
+    /// The response of closed list `doc` kept as `key` (see [`Rendered::response`]). When
+    /// the response made the list's gzip form, the bound counts it from then on.
+    pub fn closed_response(&self, key: &str, doc: &Arc<Rendered>, request: &HeaderMap) -> Response {
+        let response = doc.response(request);
+        let mut closed = self.closed.lock().unwrap_or_else(|e| e.into_inner());
+        let ClosedLists { by_key, bytes, .. } = &mut *closed;
+        if let Some((kept, counted)) = by_key.get_mut(key) {
+            let size = kept.size();
+            if Arc::ptr_eq(kept, doc) && size != *counted {
+                *bytes = *bytes - *counted + size;
+                *counted = size;
+                closed.shrink();
             }
         }
+        response
     }
 
     /// Forgets a channel's documents (it was deleted; a new channel of that name starts anew).
@@ -155,12 +211,13 @@ impl RenderedDocs {
             by_key,
             order,
             bytes,
+            ..
         } = &mut *closed;
         order.retain(|k| {
             let gone = k.starts_with(&prefix);
             if gone {
-                if let Some(doc) = by_key.remove(k) {
-                    *bytes -= doc.body.len();
+                if let Some((_, counted)) = by_key.remove(k) {
+                    *bytes -= counted;
                 }
             }
             !gone
@@ -221,5 +278,37 @@ mod tests {
         assert!(docs.topic("c", "k2").is_none(), "another key is a miss");
         docs.forget("c");
         assert!(docs.closed("c\n3").is_none() && docs.topic("c", "k1").is_none());
+    }
+
+    #[test]
+    fn a_closed_lists_gzip_form_counts_toward_the_bound_from_when_it_is_made() {
+        // Bytes gzip cannot shrink (xorshift), so each form is about as long as the body.
+        let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+        let noise: Vec<u8> = (0..1200)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        let docs = RenderedDocs::new(3000);
+        let (a, b) = (Rendered::new(noise.clone()), Rendered::new(noise));
+        docs.keep_closed("c\na".into(), a.clone());
+        docs.keep_closed("c\nb".into(), b.clone());
+        let plain = docs.closed_response("c\nb", &b, &HeaderMap::new());
+        assert!(plain.headers().get(header::CONTENT_ENCODING).is_none());
+        assert!(docs.closed("c\na").is_some(), "2,400 bytes fit in 3,000");
+        let zipped = docs.closed_response("c\nb", &b, &accepting("gzip"));
+        assert_eq!(zipped.headers()[header::CONTENT_ENCODING], "gzip");
+        assert!(
+            docs.closed("c\na").is_none() && docs.closed("c\nb").is_some(),
+            "b's gzip form took the room: the oldest went"
+        );
+        let counted = docs.closed.lock().unwrap().bytes;
+        assert_eq!(counted, b.size());
+        assert!(counted > 2 * 1200, "{counted}");
+        docs.forget("c");
+        assert_eq!(docs.closed.lock().unwrap().bytes, 0);
     }
 }

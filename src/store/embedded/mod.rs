@@ -52,8 +52,9 @@ use file::DiskFull;
 use handle::Handle;
 use index::IndexWriter;
 
-/// Bytes of the database file cached in memory unless `--cache-size` says otherwise.
-pub const DEFAULT_CACHE: usize = 256 << 20;
+/// Bytes of the database file cached in memory by [`EmbeddedStore::open`]; `changehub serve`
+/// gives the store half of `--cache-size` instead (128 MiB by default).
+pub const DEFAULT_CACHE: usize = 128 << 20;
 
 /// Most appends committed in one transaction.
 const MAX_GROUP: usize = 256;
@@ -181,7 +182,7 @@ impl EmbeddedStore {
     }
 
     /// Opens (or creates) the store in `dir`, keeping at most `cache` bytes of its file in
-    /// memory (`--cache-size`): what bounds the hub's memory as the log grows.
+    /// memory (half of `--cache-size`): what bounds the hub's memory as the log grows.
     pub fn open_with_cache(dir: &Path, cache: usize) -> Result<EmbeddedStore, StoreError> {
         EmbeddedStore::open_with(dir, Arc::default(), cache)
     }
