@@ -206,7 +206,7 @@ pub async fn closed_list(
         None => {
             let body = catchup::closed_list(channel.log(&state, origin), first, last).await?;
             let doc = Rendered::new(body);
-            state.rendered.keep_closed(key, doc.clone());
+            state.rendered.keep_closed(key.clone(), doc.clone());
             doc
         }
     };
