@@ -90,6 +90,7 @@ async fn serve(args: changehub::config::ServeArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
+    changehub::server::trim_freed_memory(changehub::server::TRIM_EVERY);
     changehub::run(listener, config, shutdown_signal()).await?;
     Ok(())
 }

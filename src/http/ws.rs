@@ -69,7 +69,7 @@ pub struct Connections {
 const TRIM_EVERY: usize = 1024;
 
 /// Hands memory freed inside the heap back to the system (glibc only).
-fn trim_heap() {
+pub(crate) fn trim_heap() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim takes the allocator's own locks; it only releases free pages.
     unsafe {
