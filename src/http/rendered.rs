@@ -36,6 +36,16 @@ impl Rendered {
         })
     }
 
+    /// The bytes this document holds: its body, and its gzip form once made.
+    fn size(&self) -> usize {
+        self.body.len()
+            + self
+                .gzip
+                .get()
+                .and_then(Option::as_ref)
+                .map_or(0, Bytes::len)
+    }
+
     /// An `application/xml` response: gzip when the request accepts it and the document is
     /// not tiny, else the bytes as rendered.
     pub fn response(&self, request: &HeaderMap) -> Response {
@@ -121,18 +131,6 @@ impl ClosedLists {
 impl Default for RenderedDocs {
     fn default() -> RenderedDocs {
         RenderedDocs::new(CLOSED_BYTES)
-    }
-}
-
-impl Rendered {
-    /// The bytes this document holds: its body, and its gzip form once made.
-    fn size(&self) -> usize {
-        self.body.len()
-            + self
-                .gzip
-                .get()
-                .and_then(Option::as_ref)
-                .map_or(0, Bytes::len)
     }
 }
 
