@@ -453,7 +453,7 @@ pub struct Config {
     /// The rendered entries of `changes?after=` pages kept.
     pub pages: PagesConfig,
     /// Most bytes of rendered closed Change Lists kept in memory (a quarter of
-    /// `--cache-size`; see [`crate::http::rendered`]).
+    /// `--cache-size`; kept by the web layer, `http/rendered.rs`).
     pub closed_lists: usize,
 }
 
