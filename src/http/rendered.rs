@@ -12,8 +12,6 @@ use std::collections::{HashMap, VecDeque};
 use std::io::Write;
 use std::sync::{Arc, Mutex, OnceLock};
 
-/// Most bytes of closed lists kept when no bound is given (tests).
-pub const CLOSED_BYTES: usize = 64 << 20;
 /// Smaller documents are sent as they are (gzip saves little there).
 pub const GZIP_FROM: usize = 1024;
 
@@ -128,12 +126,6 @@ impl ClosedLists {
     }
 }
 
-impl Default for RenderedDocs {
-    fn default() -> RenderedDocs {
-        RenderedDocs::new(CLOSED_BYTES)
-    }
-}
-
 impl RenderedDocs {
     /// Keeps closed lists up to `closed_bytes` in all, their gzip forms included.
     pub fn new(closed_bytes: usize) -> RenderedDocs {
@@ -183,15 +175,20 @@ impl RenderedDocs {
     /// The response of closed list `doc` kept as `key` (see [`Rendered::response`]). When
     /// the response made the list's gzip form, the bound counts it from then on.
     pub fn closed_response(&self, key: &str, doc: &Arc<Rendered>, request: &HeaderMap) -> Response {
+        let before = doc.size();
         let response = doc.response(request);
-        let mut closed = self.closed.lock().unwrap_or_else(|e| e.into_inner());
-        let ClosedLists { by_key, bytes, .. } = &mut *closed;
-        if let Some((kept, counted)) = by_key.get_mut(key) {
-            let size = kept.size();
-            if Arc::ptr_eq(kept, doc) && size != *counted {
-                *bytes = *bytes - *counted + size;
-                *counted = size;
-                closed.shrink();
+        let size = doc.size();
+        // Only the response that made the gzip form sees the size change (it was absent
+        // before that response began), so only it takes the lock again.
+        if size != before {
+            let mut closed = self.closed.lock().unwrap_or_else(|e| e.into_inner());
+            let ClosedLists { by_key, bytes, .. } = &mut *closed;
+            if let Some((kept, counted)) = by_key.get_mut(key) {
+                if Arc::ptr_eq(kept, doc) && size != *counted {
+                    *bytes = *bytes - *counted + size;
+                    *counted = size;
+                    closed.shrink();
+                }
             }
         }
         response
@@ -264,8 +261,9 @@ mod tests {
 
     #[test]
     fn closed_lists_stay_within_their_bound_oldest_dropped_first() {
-        let docs = RenderedDocs::default();
-        let size = CLOSED_BYTES / 3;
+        let bound = 64 << 20;
+        let docs = RenderedDocs::new(bound);
+        let size = bound / 3;
         for k in 0..4 {
             docs.keep_closed(format!("c\n{k}"), Rendered::new(vec![b'x'; size]));
         }
