@@ -1,7 +1,8 @@
 //! A connection of its own to one callback: a delivery worker sends one request at a time,
 //! so it keeps one HTTP/1.1 connection to its callback's origin and sends every delivery on
 //! it — no pool to check a connection out of, no lock shared with other workers, a request
-//! built from parts made once.
+//! built from parts made once, written and answered on the worker's own task
+//! ([`super::http1`]).
 //!
 //! The same rules as the shared client ([`super::client`]): no redirects (a 3xx is an answer
 //! like any other), no private addresses unless allowed (checked on the very addresses the
@@ -13,14 +14,12 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{HeaderMap, HeaderValue, CONTENT_LENGTH, HOST, RETRY_AFTER, USER_AGENT};
-use http::{Method, Request, StatusCode, Uri};
-use http_body_util::{BodyExt, Full};
-use hyper::client::conn::http1::SendRequest;
-use hyper_util::rt::TokioIo;
+use http::header::{HeaderMap, HeaderValue, HOST, USER_AGENT};
+use http::{StatusCode, Uri};
 use tokio::net::TcpStream;
 
 use super::client::is_private;
+use super::http1::{self, Buffers, ExchangeError};
 
 /// Most bytes of an answer's body read (and dropped) to keep the connection; a longer body
 /// closes it instead.
@@ -64,8 +63,8 @@ pub struct Callback {
     port: u16,
     /// `Host` header value.
     authority: HeaderValue,
-    /// The path and query, as sent on the request line.
-    target: Uri,
+    /// The path and query, as sent on the request line (checked to be one).
+    target: String,
 }
 
 impl Callback {
@@ -95,7 +94,7 @@ impl Callback {
             host,
             port,
             authority: HeaderValue::try_from(authority).ok()?,
-            target: Uri::try_from(target).ok()?,
+            target: Uri::try_from(target.as_str()).ok().map(|_| target)?,
         })
     }
 }
@@ -119,50 +118,38 @@ pub enum CallbackError {
     Tls(String),
     #[error("TLS handshake with {0} failed: {1}")]
     Handshake(String, std::io::Error),
-    #[error("HTTP error: {0}")]
-    Http(#[from] hyper::Error),
+    #[error(transparent)]
+    Http(#[from] ExchangeError),
     #[error("no answer within {0:?}")]
     Timeout(Duration),
+}
+
+/// An open connection to a callback.
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
 }
 
 /// One worker's connection (see the module docs). Opened on first use, opened again when the
 /// callback closed it or a request failed.
 pub struct CallbackConn {
     settings: Arc<Settings>,
-    sender: Option<SendRequest<Full<Bytes>>>,
+    stream: Option<Stream>,
+    buffers: Buffers,
 }
 
 impl CallbackConn {
     pub fn new(settings: Arc<Settings>) -> CallbackConn {
         CallbackConn {
             settings,
-            sender: None,
+            stream: None,
+            buffers: Buffers::default(),
         }
     }
 
     /// POSTs `body` with `headers` (and `Host`, `User-Agent`, `Content-Length`) to `to`,
     /// within the deadline.
     pub async fn post(
-        &mut self,
-        to: &Callback,
-        headers: HeaderMap,
-        body: Bytes,
-    ) -> Result<Answer, CallbackError> {
-        let timeout = self.settings.timeout;
-        match tokio::time::timeout(timeout, self.exchange(to, headers, body)).await {
-            Ok(Ok(answer)) => Ok(answer),
-            Ok(Err(e)) => {
-                self.sender = None;
-                Err(e)
-            }
-            Err(_) => {
-                self.sender = None;
-                Err(CallbackError::Timeout(timeout))
-            }
-        }
-    }
-
-    async fn exchange(
         &mut self,
         to: &Callback,
         mut headers: HeaderMap,
@@ -173,86 +160,83 @@ impl CallbackConn {
             USER_AGENT,
             HeaderValue::from_static(concat!("changehub/", env!("CARGO_PKG_VERSION"))),
         );
-        headers.insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
-        let mut request = Request::new(Full::new(body));
-        *request.method_mut() = Method::POST;
-        *request.uri_mut() = to.target.clone();
-        *request.headers_mut() = headers;
-        // A kept connection may have been closed by the callback meanwhile: a request it
-        // never took comes back from hyper and is sent again, once, on a new connection.
-        let reused = match self.sender.as_mut() {
-            Some(sender) => sender.ready().await.is_ok(),
-            None => false,
-        };
-        let sender = match self.sender.as_mut() {
-            Some(sender) if reused => sender,
-            _ => self.open(to).await?,
-        };
-        let response = match sender.try_send_request(request).await {
-            Ok(response) => response,
-            Err(mut e) => match e.take_message() {
-                Some(request) if reused && e.error().is_canceled() => {
-                    let sender = self.open(to).await?;
-                    sender.send_request(request).await?
-                }
-                _ => return Err(e.into_error().into()),
-            },
-        };
-        let status = response.status();
-        let retry_after = response.headers().get(RETRY_AFTER).cloned();
-        let mut body = response.into_body();
-        let mut read = 0;
-        while let Some(frame) = body.frame().await {
-            if let Ok(data) = frame?.into_data() {
-                read += data.len();
-                if read > DRAIN_LIMIT {
-                    self.sender = None;
-                    break;
-                }
+        let timeout = self.settings.timeout;
+        match tokio::time::timeout(timeout, self.exchange(to, &headers, &body)).await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(e)) => {
+                self.stream = None;
+                Err(e)
+            }
+            Err(_) => {
+                self.stream = None;
+                Err(CallbackError::Timeout(timeout))
             }
         }
+    }
+
+    /// One request on the kept connection, or on a new one. A kept connection the callback
+    /// closed meanwhile (it ends, or fails, before any byte of an answer) gets the request
+    /// again, once, on a new connection: deliveries are at least once, and a receiver tells
+    /// a repeat by its `X-Changehub-Delivery`. The connection is kept for the next request
+    /// only when the answer allows it.
+    async fn exchange(
+        &mut self,
+        to: &Callback,
+        headers: &HeaderMap,
+        body: &Bytes,
+    ) -> Result<Answer, CallbackError> {
+        let kept = self.stream.take();
+        let reused = kept.is_some();
+        let mut stream = match kept {
+            Some(stream) => stream,
+            None => self.open(to).await?,
+        };
+        let mut response = self.send(&mut stream, to, headers, body).await;
+        if reused && matches!(response, Err(ExchangeError::NoAnswer(_))) {
+            stream = self.open(to).await?;
+            response = self.send(&mut stream, to, headers, body).await;
+        }
+        let response = response?;
+        if response.keep_alive {
+            self.stream = Some(stream);
+        }
         Ok(Answer {
-            status,
-            retry_after,
+            status: response.status,
+            retry_after: response.retry_after,
         })
     }
 
-    /// Opens a new connection to `to` and keeps it.
-    async fn open(
+    async fn send(
         &mut self,
+        stream: &mut Stream,
         to: &Callback,
-    ) -> Result<&mut SendRequest<Full<Bytes>>, CallbackError> {
-        self.sender = None;
-        let stream = connect(to, self.settings.allow_private).await?;
-        let sender = if to.https {
-            let config = self.settings.tls()?;
-            let name = rustls::pki_types::ServerName::try_from(to.host.clone())
-                .map_err(|e| CallbackError::Tls(format!("{}: {e}", to.host)))?;
-            let tls = tokio_rustls::TlsConnector::from(config)
-                .connect(name, stream)
-                .await
-                .map_err(|e| CallbackError::Handshake(to.host.clone(), e))?;
-            handshake(tls).await?
-        } else {
-            handshake(stream).await?
-        };
-        Ok(self.sender.insert(sender))
-    }
-}
-
-/// The HTTP/1.1 handshake; the connection is driven by a task of its own, which ends when
-/// the connection closes or its [`SendRequest`] is dropped.
-async fn handshake<S>(stream: S) -> Result<SendRequest<Full<Bytes>>, CallbackError>
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-    tokio::spawn(async move {
-        if let Err(e) = connection.await {
-            tracing::debug!(error = %e, "callback connection ended");
+        headers: &HeaderMap,
+        body: &Bytes,
+    ) -> Result<http1::Response, ExchangeError> {
+        let (target, buffers) = (to.target.as_str(), &mut self.buffers);
+        match stream {
+            Stream::Plain(s) => http1::post(s, buffers, target, headers, body, DRAIN_LIMIT).await,
+            Stream::Tls(s) => {
+                http1::post(s.as_mut(), buffers, target, headers, body, DRAIN_LIMIT).await
+            }
         }
-    });
-    Ok(sender)
+    }
+
+    /// Opens a new connection to `to`.
+    async fn open(&self, to: &Callback) -> Result<Stream, CallbackError> {
+        let stream = connect(to, self.settings.allow_private).await?;
+        if !to.https {
+            return Ok(Stream::Plain(stream));
+        }
+        let config = self.settings.tls()?;
+        let name = rustls::pki_types::ServerName::try_from(to.host.clone())
+            .map_err(|e| CallbackError::Tls(format!("{}: {e}", to.host)))?;
+        let tls = tokio_rustls::TlsConnector::from(config)
+            .connect(name, stream)
+            .await
+            .map_err(|e| CallbackError::Handshake(to.host.clone(), e))?;
+        Ok(Stream::Tls(Box::new(tls)))
+    }
 }
 
 /// Resolves `to` (refusing private addresses unless allowed) and connects to the first

@@ -3,7 +3,8 @@
 //!
 //! - [`client`]: the outbound HTTP client (pooled, no redirects, no private addresses unless
 //!   allowed) and the address check of callback and topic URLs.
-//! - [`callback`]: a delivery worker's own connection to its callback, under the same rules.
+//! - [`callback`]: a delivery worker's own connection to its callback, under the same rules;
+//!   [`http1`]: the one HTTP/1.1 exchange it needs, written and read on the worker's task.
 //! - [`link`]: `Link` headers (RFC 8288), parsed in every spelling publishers use, and the
 //!   hub's own `rel=hub` / `rel=self` value.
 //! - [`media`]: media types (`Content-Type`) reduced to their essence.
@@ -13,6 +14,7 @@
 
 pub mod callback;
 pub mod client;
+pub mod http1;
 pub mod link;
 pub mod media;
 pub mod urls;

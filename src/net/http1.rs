@@ -1,0 +1,496 @@
+//! One HTTP/1.1 exchange on a connection the caller owns: a request written from its parts,
+//! the answer's head parsed (with `httparse`, the parser hyper uses) and its body read and
+//! dropped. This is all a delivery needs: one request at a time, no pipelining, no upgrade,
+//! an answer whose body nobody looks at.
+//!
+//! Why not hyper's client: with it, each connection is driven by a task of its own, and
+//! every request crosses from the worker to that task and its answer back. Measured with the
+//! fan-out floor of `benches/suite.rs` (one thread, keep-alive connections POSTing the same
+//! 2.4 KB body to nginx; `BENCH_ROLE=floor-hyper|floor-raw`, see docs/performance.md), a
+//! worker that writes and reads its own connection took 10–14 µs of CPU per request against
+//! 14–25 µs through hyper, the gap widening with the number of connections.
+//!
+//! What it speaks: `Content-Length`, chunked and close-delimited answer bodies; interim
+//! (1xx) answers skipped; `Connection: close` and HTTP/1.0 answers honoured. Whether the
+//! connection can carry the next request is part of the outcome.
+
+use std::io::Write;
+
+use bytes::Bytes;
+use http::header::HeaderMap;
+use http::{HeaderValue, StatusCode};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// Most bytes of an answer's head (status line and headers).
+const HEAD_LIMIT: usize = 64 << 10;
+/// Most headers an answer may have.
+const MAX_HEADERS: usize = 64;
+
+/// An answer as a delivery sees it.
+#[derive(Debug)]
+pub struct Response {
+    pub status: StatusCode,
+    pub retry_after: Option<HeaderValue>,
+    /// Whether the connection may carry another request.
+    pub keep_alive: bool,
+}
+
+/// Why an exchange failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ExchangeError {
+    /// The connection ended (or failed) before any byte of an answer came: on a connection
+    /// that carried earlier requests, usually one the server had closed while it was idle.
+    #[error("the connection closed before an answer: {0}")]
+    NoAnswer(std::io::Error),
+    #[error("connection failed: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("bad answer: {0}")]
+    Malformed(String),
+}
+
+/// Reusable buffers of one connection: the request's head, and what was read of the answer.
+#[derive(Default)]
+pub struct Buffers {
+    head: Vec<u8>,
+    read: Vec<u8>,
+}
+
+/// Writes `POST target` with `headers` (then `Content-Length`) and `body`, and reads the
+/// answer, dropping at most `drain_limit` bytes of its body: a longer body leaves the
+/// connection unfit for another request (`keep_alive` false) rather than being read.
+pub async fn post<S>(
+    stream: &mut S,
+    buffers: &mut Buffers,
+    target: &str,
+    headers: &HeaderMap,
+    body: &Bytes,
+    drain_limit: usize,
+) -> Result<Response, ExchangeError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    write_head(&mut buffers.head, target, headers, body.len());
+    let mut out = bytes::Buf::chain(&buffers.head[..], &body[..]);
+    // A write that fails got no answer either (a server that closed an idle connection
+    // makes the write fail or the read end).
+    stream
+        .write_all_buf(&mut out)
+        .await
+        .map_err(ExchangeError::NoAnswer)?;
+    stream.flush().await.map_err(ExchangeError::NoAnswer)?;
+    read_answer(stream, &mut buffers.read, drain_limit).await
+}
+
+/// The request line and headers. Header values cannot hold CR or LF (`HeaderValue` refuses
+/// them), so nothing a subscriber chose can add a header or end the head early.
+fn write_head(out: &mut Vec<u8>, target: &str, headers: &HeaderMap, length: usize) {
+    out.clear();
+    out.extend_from_slice(b"POST ");
+    out.extend_from_slice(target.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    for (name, value) in headers {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    // Writing to a Vec cannot fail.
+    let _ = write!(out, "content-length: {length}\r\n\r\n");
+}
+
+/// What the head of an answer says about its body.
+enum Framing {
+    None,
+    Length(u64),
+    Chunked,
+    UntilClose,
+}
+
+/// Reads one final answer (skipping interim ones) and its body.
+async fn read_answer<S>(
+    stream: &mut S,
+    buf: &mut Vec<u8>,
+    drain_limit: usize,
+) -> Result<Response, ExchangeError>
+where
+    S: AsyncRead + Unpin,
+{
+    buf.clear();
+    let mut got_any = false;
+    loop {
+        // The head: read until it parses.
+        let (used, status, retry_after, framing, mut keep_alive) = loop {
+            if !buf.is_empty() {
+                if let Some(head) = parse_head(buf)? {
+                    break head;
+                }
+            }
+            if buf.len() >= HEAD_LIMIT {
+                return Err(ExchangeError::Malformed(format!(
+                    "a head longer than {HEAD_LIMIT} bytes"
+                )));
+            }
+            match read_more(stream, buf).await {
+                Ok(0) if !got_any => {
+                    return Err(ExchangeError::NoAnswer(
+                        std::io::ErrorKind::UnexpectedEof.into(),
+                    ))
+                }
+                Ok(0) => {
+                    return Err(ExchangeError::Malformed(
+                        "the answer's head was cut short".into(),
+                    ))
+                }
+                Ok(_) => got_any = true,
+                Err(e) if !got_any => return Err(ExchangeError::NoAnswer(e)),
+                Err(e) => return Err(e.into()),
+            }
+        };
+        buf.drain(..used);
+        if status.is_informational() {
+            if status == StatusCode::SWITCHING_PROTOCOLS {
+                return Err(ExchangeError::Malformed("101 Switching Protocols".into()));
+            }
+            continue;
+        }
+        let complete = match framing {
+            Framing::None => true,
+            Framing::Length(n) => drain_length(stream, buf, n, drain_limit).await?,
+            Framing::Chunked => drain_chunked(stream, buf, drain_limit).await?,
+            Framing::UntilClose => {
+                drain_until_close(stream, buf, drain_limit).await?;
+                keep_alive = false;
+                true
+            }
+        };
+        // Anything after the answer was never asked for: the connection is not trusted with
+        // another request.
+        keep_alive = keep_alive && complete && buf.is_empty();
+        return Ok(Response {
+            status,
+            retry_after,
+            keep_alive,
+        });
+    }
+}
+
+type Head = (usize, StatusCode, Option<HeaderValue>, Framing, bool);
+
+/// The answer's head at the start of `buf`, when all of it is there.
+fn parse_head(buf: &[u8]) -> Result<Option<Head>, ExchangeError> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut answer = httparse::Response::new(&mut headers);
+    let used = match answer.parse(buf) {
+        Ok(httparse::Status::Complete(used)) => used,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(e) => return Err(ExchangeError::Malformed(e.to_string())),
+    };
+    let code = answer.code.unwrap_or(0);
+    let status = StatusCode::from_u16(code)
+        .map_err(|_| ExchangeError::Malformed(format!("status {code}")))?;
+    let http10 = answer.version == Some(0);
+    let mut keep_alive = !http10;
+    let mut retry_after = None;
+    let mut length = None;
+    let mut chunked = false;
+    for h in answer.headers.iter() {
+        if h.name.eq_ignore_ascii_case("content-length") {
+            let n = std::str::from_utf8(h.value)
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .ok_or_else(|| ExchangeError::Malformed("a bad Content-Length".into()))?;
+            if length.is_some_and(|m| m != n) {
+                return Err(ExchangeError::Malformed("two Content-Lengths".into()));
+            }
+            length = Some(n);
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            // Chunked must be the last coding; any other framing is read until close.
+            let last = h.value.rsplit(|&b| b == b',').next().unwrap_or_default();
+            chunked = last.trim_ascii().eq_ignore_ascii_case(b"chunked");
+            if !chunked {
+                keep_alive = false;
+            }
+        } else if h.name.eq_ignore_ascii_case("connection") {
+            for token in h.value.split(|&b| b == b',') {
+                let token = token.trim_ascii();
+                if token.eq_ignore_ascii_case(b"close") {
+                    keep_alive = false;
+                } else if token.eq_ignore_ascii_case(b"keep-alive") && http10 {
+                    keep_alive = true;
+                }
+            }
+        } else if h.name.eq_ignore_ascii_case("retry-after") {
+            retry_after = HeaderValue::from_bytes(h.value).ok();
+        }
+    }
+    let framing = if status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+    {
+        Framing::None
+    } else if chunked {
+        Framing::Chunked
+    } else if let Some(n) = length {
+        if n == 0 {
+            Framing::None
+        } else {
+            Framing::Length(n)
+        }
+    } else {
+        Framing::UntilClose
+    };
+    Ok(Some((used, status, retry_after, framing, keep_alive)))
+}
+
+/// Reads what the stream has into the spare room of `buf`; 0 at its end.
+async fn read_more<S>(stream: &mut S, buf: &mut Vec<u8>) -> std::io::Result<usize>
+where
+    S: AsyncRead + Unpin,
+{
+    if buf.capacity() - buf.len() < 4096 {
+        buf.reserve(8192);
+    }
+    stream.read_buf(buf).await
+}
+
+/// Drops a body of `n` bytes; `false` (nothing more read) when it is over the limit.
+async fn drain_length<S>(
+    stream: &mut S,
+    buf: &mut Vec<u8>,
+    n: u64,
+    limit: usize,
+) -> Result<bool, ExchangeError>
+where
+    S: AsyncRead + Unpin,
+{
+    if n > limit as u64 {
+        return Ok(false);
+    }
+    let n = n as usize;
+    while buf.len() < n {
+        if read_more(stream, buf).await? == 0 {
+            return Err(ExchangeError::Malformed(
+                "the answer's body was cut short".into(),
+            ));
+        }
+    }
+    buf.drain(..n);
+    Ok(true)
+}
+
+/// Drops a chunked body (and its trailers); `false` once more than `limit` bytes of it were
+/// read, leaving the rest unread.
+async fn drain_chunked<S>(
+    stream: &mut S,
+    buf: &mut Vec<u8>,
+    limit: usize,
+) -> Result<bool, ExchangeError>
+where
+    S: AsyncRead + Unpin,
+{
+    let mut read = 0usize;
+    loop {
+        let line = next_line(stream, buf, &mut read, limit).await?;
+        let Some(line) = line else { return Ok(false) };
+        let size_text = line.split(';').next().unwrap_or_default().trim();
+        let size = usize::from_str_radix(size_text, 16)
+            .map_err(|_| ExchangeError::Malformed(format!("a bad chunk size {size_text:?}")))?;
+        if size == 0 {
+            // Trailers, up to the empty line.
+            loop {
+                match next_line(stream, buf, &mut read, limit).await? {
+                    None => return Ok(false),
+                    Some(l) if l.is_empty() => return Ok(true),
+                    Some(_) => {}
+                }
+            }
+        }
+        if read.saturating_add(size) > limit {
+            return Ok(false);
+        }
+        // The chunk and its CRLF.
+        while buf.len() < size + 2 {
+            if read_more(stream, buf).await? == 0 {
+                return Err(ExchangeError::Malformed("a chunk was cut short".into()));
+            }
+        }
+        if &buf[size..size + 2] != b"\r\n" {
+            return Err(ExchangeError::Malformed("a chunk without its CRLF".into()));
+        }
+        buf.drain(..size + 2);
+        read += size + 2;
+    }
+}
+
+/// The next CRLF-ended line of a chunked body, without its CRLF; `None` when it would go
+/// over `limit` bytes read.
+async fn next_line<S>(
+    stream: &mut S,
+    buf: &mut Vec<u8>,
+    read: &mut usize,
+    limit: usize,
+) -> Result<Option<String>, ExchangeError>
+where
+    S: AsyncRead + Unpin,
+{
+    loop {
+        if let Some(end) = buf.windows(2).position(|w| w == b"\r\n") {
+            let line = String::from_utf8_lossy(&buf[..end]).into_owned();
+            buf.drain(..end + 2);
+            *read += end + 2;
+            return Ok(Some(line));
+        }
+        if *read + buf.len() > limit {
+            return Ok(None);
+        }
+        if read_more(stream, buf).await? == 0 {
+            return Err(ExchangeError::Malformed(
+                "a chunked body was cut short".into(),
+            ));
+        }
+    }
+}
+
+/// Drops a body that ends when the connection does, up to `limit` bytes.
+async fn drain_until_close<S>(
+    stream: &mut S,
+    buf: &mut Vec<u8>,
+    limit: usize,
+) -> Result<(), ExchangeError>
+where
+    S: AsyncRead + Unpin,
+{
+    let mut read = 0;
+    loop {
+        read += buf.len();
+        buf.clear();
+        if read > limit || read_more(stream, buf).await? == 0 {
+            return Ok(());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::header::HeaderName;
+
+    /// One POST to a server that answers it with the bytes `answer`, then closes: what `post`
+    /// made of the answer, and the request as the server read it.
+    async fn exchange(answer: &'static [u8]) -> (Result<Response, ExchangeError>, Vec<u8>) {
+        let (mut client, mut server) = tokio::io::duplex(1 << 20);
+        let mut headers = HeaderMap::new();
+        headers.insert(http::header::HOST, HeaderValue::from_static("example.com"));
+        headers.insert(
+            HeaderName::from_static("x-hub-signature"),
+            HeaderValue::from_static("sha256=00"),
+        );
+        let body = Bytes::from_static(b"<urlset/>");
+        let mut buffers = Buffers::default();
+        let server = tokio::spawn(async move {
+            let mut got = vec![0u8; 4096];
+            let mut n = 0;
+            while !got[..n].ends_with(b"<urlset/>") {
+                n += server.read(&mut got[n..]).await.unwrap();
+            }
+            server.write_all(answer).await.unwrap();
+            drop(server);
+            got.truncate(n);
+            got
+        });
+        let result = post(&mut client, &mut buffers, "/cb?x=1", &headers, &body, 1024).await;
+        (result, server.await.unwrap())
+    }
+
+    #[tokio::test]
+    async fn the_request_is_written_with_its_headers_and_length() {
+        let (answer, request) =
+            exchange(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n").await;
+        let answer = answer.unwrap();
+        assert_eq!(answer.status, 202);
+        assert!(answer.keep_alive);
+        assert_eq!(
+            String::from_utf8(request).unwrap(),
+            "POST /cb?x=1 HTTP/1.1\r\nhost: example.com\r\nx-hub-signature: sha256=00\r\n\
+             content-length: 9\r\n\r\n<urlset/>"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_chunked_body_is_read_to_its_end_and_the_connection_kept() {
+        let (answer, _) = exchange(
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n\
+              5;ext=1\r\nhello\r\n3\r\nabc\r\n0\r\ntrailer: x\r\n\r\n",
+        )
+        .await;
+        let answer = answer.unwrap();
+        assert_eq!(answer.status, 200);
+        assert!(answer.keep_alive);
+    }
+
+    #[tokio::test]
+    async fn interim_answers_are_skipped() {
+        let (answer, _) = exchange(
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\nretry-after: 3\r\n\r\n",
+        )
+        .await;
+        let answer = answer.unwrap();
+        assert_eq!(answer.status, 204);
+        assert_eq!(answer.retry_after.unwrap(), "3");
+        assert!(answer.keep_alive);
+    }
+
+    #[tokio::test]
+    async fn http_1_0_and_connection_close_end_the_connection() {
+        let (answer, _) = exchange(b"HTTP/1.0 200 OK\r\ncontent-length: 2\r\n\r\nok").await;
+        assert!(!answer.unwrap().keep_alive);
+        let (answer, _) =
+            exchange(b"HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ncontent-length: 2\r\n\r\nok")
+                .await;
+        assert!(answer.unwrap().keep_alive);
+        let (answer, _) =
+            exchange(b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\nok").await;
+        assert!(!answer.unwrap().keep_alive);
+    }
+
+    #[tokio::test]
+    async fn a_body_without_length_is_read_until_the_connection_closes() {
+        let (answer, _) = exchange(b"HTTP/1.1 500 Oops\r\n\r\nsomething broke").await;
+        let answer = answer.unwrap();
+        assert_eq!(answer.status, 500);
+        assert!(!answer.keep_alive);
+    }
+
+    #[tokio::test]
+    async fn a_body_over_the_limit_is_left_unread_and_the_connection_not_kept() {
+        let (answer, _) = exchange(b"HTTP/1.1 200 OK\r\ncontent-length: 5000\r\n\r\n").await;
+        assert!(!answer.unwrap().keep_alive);
+        let (answer, _) =
+            exchange(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n1000\r\n").await;
+        assert!(!answer.unwrap().keep_alive);
+    }
+
+    #[tokio::test]
+    async fn a_connection_closed_before_any_answer_says_so() {
+        let (answer, _) = exchange(b"").await;
+        assert!(
+            matches!(answer, Err(ExchangeError::NoAnswer(_))),
+            "{answer:?}"
+        );
+        let (answer, _) = exchange(b"HTTP/1.1 200").await;
+        assert!(
+            matches!(answer, Err(ExchangeError::Malformed(_))),
+            "{answer:?}"
+        );
+        let (answer, _) = exchange(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc").await;
+        assert!(
+            matches!(answer, Err(ExchangeError::Malformed(_))),
+            "{answer:?}"
+        );
+        let (answer, _) = exchange(b"garbage\r\n\r\n").await;
+        assert!(
+            matches!(answer, Err(ExchangeError::Malformed(_))),
+            "{answer:?}"
+        );
+    }
+}
