@@ -63,6 +63,8 @@ use support::procs::{self, wrk, Hub, HubOpts, Nginx, Redis, Script, TOKEN};
 use support::report::{si, Goal, Report, Row, Unit};
 use support::scale;
 
+/// Deliveries timed at each point of figure 1 (and requests of its floor).
+const DELIVERIES: usize = 150_000;
 /// Subscribers of figure 2's steady stream.
 const PROBE_SUBSCRIBERS: usize = 1000;
 /// The topic's entries on top of each retained level (a list closes every 10,000).
@@ -355,8 +357,11 @@ async fn fanout_run(ctx: &Ctx, bin: &Path, counts: &[usize]) -> FanoutRun {
         progress(&format!("fan-out: {subscribers} subscribers"));
         subscribe(&hub, &ctx.nginx, subscribed, subscribers).await;
         subscribed = subscribers;
-        // About 60,000 deliveries (10,000 notifications at most).
-        let notifications = (scale(60_000) / subscribers).clamp(10, scale(10_000).max(10));
+        // One notification to every subscriber first, so that each delivery worker has its
+        // connection open (as in a hub that has been running); then about DELIVERIES
+        // deliveries (10,000 notifications at most), timed.
+        burst(&hub, subscribers, 10, Duration::from_secs(60)).await;
+        let notifications = (scale(DELIVERIES) / subscribers).clamp(10, scale(10_000).max(10));
         let point = burst(&hub, subscribers, notifications, Duration::from_secs(120)).await;
         if body.is_empty() {
             body = hub
@@ -374,6 +379,192 @@ async fn fanout_run(ctx: &Ctx, bin: &Path, counts: &[usize]) -> FanoutRun {
         probe,
         body,
         topic: format!("{}/channels/bench/changelist.xml", hub.base),
+    }
+}
+
+/// How a fan-out floor (figure 1b) speaks HTTP.
+#[derive(Clone, Copy)]
+enum FloorClient {
+    /// hyper's HTTP/1 client: each connection driven by a task of its own (the hub's
+    /// callback connections until the seventh pass).
+    Hyper,
+    /// Each task writes its request and reads the answer on its own connection (as the
+    /// hub's `net::http1` does): one buffer write, `httparse` for the answer's head.
+    Direct,
+}
+
+/// CPU seconds the calling thread has used (user and kernel).
+fn thread_cpu_seconds() -> f64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `t` is a valid timespec for the call to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
+}
+
+/// The client's floor for figure 1: one thread (a current-thread runtime; the hub's delivery
+/// runtime also has one thread on two cores) with `conns` keep-alive connections to nginx,
+/// each POSTing `body` to `/cb?s=I` with the headers a delivery carries (its delivery id
+/// formatted and its HMAC-SHA256 signature computed per request, as the hub does) until
+/// `total` requests are answered. Nothing is read from a store, no notification is rendered,
+/// nothing is recorded. Returns (requests/s, CPU µs of that thread per request, kernel time
+/// included).
+fn fanout_floor(
+    client: FloorClient,
+    nginx: &str,
+    conns: usize,
+    total: usize,
+    body: Bytes,
+    link: String,
+) -> (f64, f64) {
+    let host = nginx.trim_start_matches("http://").to_string();
+    let addr: std::net::SocketAddr = host.parse().expect("nginx listens on an IP address");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async move {
+        let mut streams = Vec::new();
+        for _ in 0..conns {
+            let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+            stream.set_nodelay(true).unwrap();
+            streams.push(stream);
+        }
+        let next = Arc::new(AtomicUsize::new(0));
+        let started = Instant::now();
+        let cpu0 = thread_cpu_seconds();
+        let mut tasks = tokio::task::JoinSet::new();
+        for (i, stream) in streams.into_iter().enumerate() {
+            let (next, body, link, host) = (next.clone(), body.clone(), link.clone(), host.clone());
+            tasks.spawn(async move {
+                let secret = format!("secret-of-subscriber-{i}");
+                let path = format!("/cb?s={i}");
+                // What changes per request: the delivery id, the seqs, the signature.
+                let each = |n: usize| {
+                    let signature = changehub::model::signature::signature(
+                        changehub::model::signature::Algorithm::Sha256,
+                        secret.as_bytes(),
+                        &body,
+                    );
+                    (format!("sub-{i}-5f3a9c0d2b7e4a61-{n}-{n}"), signature)
+                };
+                match client {
+                    FloorClient::Hyper => {
+                        floor_hyper(stream, &next, total, &path, &host, &link, &body, each).await
+                    }
+                    FloorClient::Direct => {
+                        floor_direct(stream, &next, total, &path, &host, &link, &body, each).await
+                    }
+                }
+            });
+        }
+        while tasks.join_next().await.is_some() {}
+        let took = started.elapsed().as_secs_f64();
+        let cpu = thread_cpu_seconds() - cpu0;
+        (total as f64 / took, cpu * 1e6 / total as f64)
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn floor_hyper(
+    stream: tokio::net::TcpStream,
+    next: &AtomicUsize,
+    total: usize,
+    path: &str,
+    host: &str,
+    link: &str,
+    body: &Bytes,
+    each: impl Fn(usize) -> (String, String),
+) {
+    use http_body_util::{BodyExt, Full};
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    loop {
+        let n = next.fetch_add(1, Ordering::Relaxed);
+        if n >= total {
+            break;
+        }
+        let (id, signature) = each(n);
+        let request = http::Request::post(path)
+            .header(http::header::HOST, host)
+            .header(http::header::CONTENT_TYPE, "application/xml")
+            .header(http::header::LINK, link)
+            .header("x-changehub-channel", "bench")
+            .header("x-changehub-delivery", id.as_str())
+            .header("webhook-id", id.as_str())
+            .header("x-changehub-first", n)
+            .header("x-changehub-last", n)
+            .header("x-changehub-epoch", "5f3a9c0d2b7e4a61")
+            .header("x-hub-signature", signature)
+            .body(Full::new(body.clone()))
+            .unwrap();
+        let answer = sender.send_request(request).await.unwrap();
+        assert!(
+            answer.status().is_success(),
+            "nginx answered {}",
+            answer.status()
+        );
+        answer.into_body().collect().await.unwrap();
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn floor_direct(
+    mut stream: tokio::net::TcpStream,
+    next: &AtomicUsize,
+    total: usize,
+    path: &str,
+    host: &str,
+    link: &str,
+    body: &Bytes,
+    each: impl Fn(usize) -> (String, String),
+) {
+    use std::io::Write;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut head = Vec::with_capacity(1024);
+    let mut answer = Vec::with_capacity(4096);
+    loop {
+        let n = next.fetch_add(1, Ordering::Relaxed);
+        if n >= total {
+            break;
+        }
+        let (id, signature) = each(n);
+        head.clear();
+        write!(
+            head,
+            "POST {path} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/xml\r\n\
+             link: {link}\r\nx-changehub-channel: bench\r\nx-changehub-delivery: {id}\r\n\
+             webhook-id: {id}\r\nx-changehub-first: {n}\r\nx-changehub-last: {n}\r\n\
+             x-changehub-epoch: 5f3a9c0d2b7e4a61\r\nx-hub-signature: {signature}\r\n\
+             content-length: {}\r\n\r\n",
+            body.len()
+        )
+        .unwrap();
+        let mut out = bytes::Buf::chain(&head[..], &body[..]);
+        stream.write_all_buf(&mut out).await.unwrap();
+        answer.clear();
+        loop {
+            assert!(
+                stream.read_buf(&mut answer).await.unwrap() > 0,
+                "nginx closed"
+            );
+            let mut headers = [httparse::EMPTY_HEADER; 32];
+            let mut parsed = httparse::Response::new(&mut headers);
+            if parsed.parse(&answer).unwrap().is_complete() {
+                // nginx's 202 has no body.
+                assert!(
+                    parsed.code.unwrap() < 300,
+                    "nginx answered {:?}",
+                    parsed.code
+                );
+                break;
+            }
+        }
     }
 }
 
@@ -419,6 +610,29 @@ async fn fanout(ctx: &mut Ctx) {
         let url = format!("{}/cb?s=0", ctx.nginx.base);
         baselines.push(wrk(&url, s, secs(4), Some(&script)).await.rate);
     }
+    // The client's floor: the same requests from one thread, nothing else; the hub's way
+    // (each task on its own connection) and through hyper's client.
+    let link = format!(
+        "<{hub}/hub>; rel=\"hub\", <{}>; rel=\"self\"",
+        runs[0].topic
+    );
+    let mut floors = Vec::new();
+    for &s in &counts {
+        let mut floor = Vec::new();
+        for client in [FloorClient::Direct, FloorClient::Hyper] {
+            progress(&format!("fan-out floor: one thread, {s} connections"));
+            let (nginx, body, link) = (ctx.nginx.base.clone(), runs[0].body.clone(), link.clone());
+            let total = scale(DELIVERIES);
+            floor.push(
+                tokio::task::spawn_blocking(move || {
+                    fanout_floor(client, &nginx, s, total, body, link)
+                })
+                .await
+                .unwrap(),
+            );
+        }
+        floors.push(floor);
+    }
     let goals = HashMap::from([(100, 0.5), (1000, 0.5), (5000, 0.3)]);
     for (i, &s) in counts.iter().enumerate() {
         if s == 10_000 {
@@ -440,9 +654,27 @@ async fn fanout(ctx: &mut Ctx) {
             &per_bin,
         );
     }
+    for (i, &s) in counts.iter().enumerate() {
+        if s == 1 || s == 10_000 {
+            continue;
+        }
+        ctx.row(
+            format!(
+                "1b. fan-out floor: one thread, its own connections, {} of them",
+                count(s)
+            ),
+            Unit::Rate("req"),
+            Goal::None,
+            &vec![(floors[i][0].0, Some(baselines[i])); runs.len()],
+        );
+    }
     let mut rows = Vec::new();
     for (i, &s) in counts.iter().enumerate() {
         let mut row = vec![count(s), si(baselines[i])];
+        for (rate, cpu) in &floors[i] {
+            row.push(format!("{} ({:.2})", si(*rate), rate / baselines[i]));
+            row.push(format!("{cpu:.1}"));
+        }
         for r in &runs {
             let p = &r.points[i];
             let mark = if p.complete { "" } else { " (incomplete)" };
@@ -457,7 +689,14 @@ async fn fanout(ctx: &mut Ctx) {
         }
         rows.push(row);
     }
-    let mut header = vec!["subscribers", "wrk -c S posts/s"];
+    let mut header = vec![
+        "subscribers",
+        "wrk -c S posts/s",
+        "floor: one thread, req/s (ratio)",
+        "floor CPU µs/req",
+        "floor through hyper, req/s (ratio)",
+        "CPU µs/req",
+    ];
     header.extend(["hub deliveries/s", "ratio", "hub CPU µs/delivery", "errors"]);
     if runs.len() > 1 {
         header.extend(["before: deliveries/s", "ratio", "CPU µs/delivery", "errors"]);
@@ -467,16 +706,25 @@ async fn fanout(ctx: &mut Ctx) {
         "**1. Fan-out**: `changehub serve --max-batch 10 --linger 0ms` (embedded store); \
          subscribers added through `POST /hub`, each with its own secret and callback \
          `nginx/cb?s=I` (nginx answers 202), until `/api/subscriptions` lists them all at the \
-         head; then about 60,000 deliveries' worth of notifications of 10 changes ({} bytes \
-         each; at most 10,000 notifications), POSTed as 100-change requests 8 at a time (cut \
+         head; one notification to every subscriber, untimed, so that every delivery worker \
+         has its connection open; then about {} deliveries' worth of notifications of 10 \
+         changes ({} bytes each; at most 10,000 notifications), POSTed as 100-change requests 8 at a time (cut \
          into notifications by `--max-batch 10`, so that ingest never holds delivery back), and \
          the clock stops when `changehub_deliveries_total{{outcome=\"delivered\"}}` (polled \
          every 50 ms) has grown by subscribers × notifications (120 s at most). Hub CPU = utime + stime from /proc over the \
          same span (ingest and batching included). Baseline: `wrk -c S -t min(S,2) -d {}s` \
          POSTing the same body with the same headers (Content-Type, Link, X-Hub-Signature, \
-         X-Changehub-*) to the same nginx.",
+         X-Changehub-*) to the same nginx. The row \"fan-out floor\" (1b) is what an \
+         HTTP client alone reaches on one thread (as the hub's delivery runtime has on two \
+         cores): S keep-alive connections POSTing the same body and headers to the same \
+         nginx, each request's delivery id formatted and its signature computed, {} requests, \
+         each task writing and reading its own connection as the hub does (`httparse` for the \
+         answer); the table below also has the same through hyper's HTTP/1 client (a task per \
+         connection). CPU is that thread's (kernel time included).",
+        count(scale(DELIVERIES)),
         runs[0].body.len(),
-        secs(4)
+        secs(4),
+        count(scale(DELIVERIES))
     ));
     let probes: Vec<&Probe> = runs.iter().filter_map(|r| r.probe.as_ref()).collect();
     if let Some(p) = probes.first() {

@@ -5,10 +5,10 @@
 //!
 //! Why not hyper's client: with it, each connection is driven by a task of its own, and
 //! every request crosses from the worker to that task and its answer back. Measured with the
-//! fan-out floor of `benches/suite.rs` (one thread, keep-alive connections POSTing the same
-//! 2.4 KB body to nginx; `BENCH_ROLE=floor-hyper|floor-raw`, see docs/performance.md), a
-//! worker that writes and reads its own connection took 10–14 µs of CPU per request against
-//! 14–25 µs through hyper, the gap widening with the number of connections.
+//! fan-out floor of `benches/suite.rs` (figure 1b: one thread, keep-alive connections to
+//! nginx POSTing the same 2.4 KB body with a delivery's headers), a task that writes and reads
+//! its own connection took 10–14 µs of CPU per request against 14–25 µs through hyper, the
+//! gap widening with the number of connections (docs/performance.md, seventh pass).
 //!
 //! What it speaks: `Content-Length`, chunked and close-delimited answer bodies; interim
 //! (1xx) answers skipped; `Connection: close` and HTTP/1.0 answers honoured. Whether the
