@@ -12,7 +12,7 @@
 //! notifications its workers delivered: the dashboard's rates.
 
 use bytes::Bytes;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -38,6 +38,11 @@ const RECENT: usize = 64;
 const RECENT_BYTES: usize = 4 << 20;
 /// See [`RECENT`].
 const RECENT_MAX: usize = 4096;
+/// Bodies rendered again from the log for workers behind [`RECENT`] that a feed keeps to
+/// share, at most (see [`ChannelFeed::lagging`]); and at most this many of them.
+const LAGGING_BYTES: usize = 1 << 20;
+/// See [`LAGGING_BYTES`].
+const LAGGING_MAX: usize = 1024;
 /// Most changes read from the log at once when the batcher is several full batches behind
 /// (at least one batch). Measured on Redis after a 5 s fill of 1,000-change requests: one
 /// batch a read left 21–23% published at the end of the fill and 3.1–3.8 s to catch up;
@@ -94,6 +99,8 @@ pub struct ChannelFeed {
     /// Recent notifications in seq order (each `first` greater than the one before), and the
     /// bytes of their bodies.
     recent: Mutex<Recent>,
+    /// Notifications rendered again from the log for workers behind `recent`.
+    lagging: Mutex<Lagging>,
     live: broadcast::Sender<Arc<Notification>>,
     /// Notifications delivered to callbacks (answered 2xx) by this instance since it started.
     delivered: AtomicU64,
@@ -133,6 +140,45 @@ impl Recent {
     }
 }
 
+/// One seq range rendered again from the log, once for every worker that needs it: `None`
+/// when the log no longer holds it (trimmed).
+pub type LaggingCell = Arc<tokio::sync::OnceCell<Option<Arc<Notification>>>>;
+
+/// A feed's notifications rendered again from the log (see [`ChannelFeed::lagging`]), by seq
+/// range, oldest first, all of one epoch of the log.
+#[derive(Default)]
+struct Lagging {
+    epoch: String,
+    cells: HashMap<(u64, u64), LaggingCell>,
+    order: VecDeque<(u64, u64)>,
+}
+
+impl Lagging {
+    /// The cell of `range`, made when there is none; the oldest go beyond the bounds.
+    fn cell(&mut self, epoch: &str, range: (u64, u64)) -> LaggingCell {
+        if self.epoch != epoch {
+            *self = Lagging {
+                epoch: epoch.to_string(),
+                ..Lagging::default()
+            };
+        }
+        if let Some(cell) = self.cells.get(&range) {
+            return cell.clone();
+        }
+        let cell = LaggingCell::default();
+        self.cells.insert(range, cell.clone());
+        self.order.push_back(range);
+        let size = |c: &LaggingCell| c.get().and_then(Option::as_ref).map_or(0, |n| n.body.len());
+        let mut bytes: usize = self.cells.values().map(size).sum();
+        while self.order.len() > 1 && (bytes > LAGGING_BYTES || self.order.len() > LAGGING_MAX) {
+            if let Some(old) = self.order.pop_front().and_then(|r| self.cells.remove(&r)) {
+                bytes -= size(&old);
+            }
+        }
+        cell
+    }
+}
+
 impl ChannelFeed {
     pub fn new(name: &str) -> ChannelFeed {
         ChannelFeed {
@@ -140,6 +186,7 @@ impl ChannelFeed {
             origin: tokio::sync::OnceCell::new(),
             published: watch::channel(0).0,
             recent: Mutex::default(),
+            lagging: Mutex::default(),
             live: broadcast::channel(1024).0,
             delivered: AtomicU64::new(0),
             rates: RateWindow::default(),
@@ -200,6 +247,16 @@ impl ChannelFeed {
         let recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
         let at = recent.list.binary_search_by_key(&first, |n| n.first).ok()?;
         recent.list.get(at).cloned()
+    }
+
+    /// Where the notification of seqs `range` (of the log of `epoch`), rendered again from
+    /// the log, is shared by the delivery workers that fell behind the recent ones: the first
+    /// to need it fills the cell, the others wait for it and send the same bytes. Workers
+    /// behind together (a burst published faster than it is delivered) then read and render
+    /// each range once, not once each.
+    pub fn lagging(&self, epoch: &str, range: (u64, u64)) -> LaggingCell {
+        let mut lagging = self.lagging.lock().unwrap_or_else(|e| e.into_inner());
+        lagging.cell(epoch, range)
     }
 
     /// Publishes a notification cut elsewhere: by the instance that owns the channel, read
@@ -436,5 +493,59 @@ mod tests {
         feed.publish(notification(1, 3, 100));
         assert_eq!(feed.cached(1).map(|n| n.last), Some(3));
         assert!(feed.cached(1991).is_none());
+    }
+
+    /// Workers behind the recent window that need the same range get the same cell, and only
+    /// the first fills it; the cells stay within their bounds; another epoch starts over.
+    #[tokio::test]
+    async fn workers_behind_share_one_rendering_of_each_range() {
+        let feed = ChannelFeed::new("c");
+        let renders = AtomicU64::new(0);
+        let render = || async {
+            renders.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, StoreError>(Some(Arc::new(notification(1, 10, 100))))
+        };
+        for _ in 0..5 {
+            let cell = feed.lagging("e1", (1, 10));
+            let n = cell.get_or_try_init(render).await.unwrap().clone().unwrap();
+            assert_eq!((n.first, n.last), (1, 10));
+        }
+        assert_eq!(renders.load(Ordering::SeqCst), 1);
+        // A failed rendering is not kept: the next worker tries again.
+        let failing = feed.lagging("e1", (11, 20));
+        let failed = failing
+            .get_or_try_init(|| async {
+                Err::<Option<Arc<Notification>>, _>(StoreError::Unavailable("down".into()))
+            })
+            .await;
+        assert!(failed.is_err());
+        assert!(feed.lagging("e1", (11, 20)).get().is_none());
+        // Bodies beyond LAGGING_BYTES push the oldest out.
+        let big = LAGGING_BYTES / 4;
+        for first in (21..=81).step_by(10) {
+            let cell = feed.lagging("e1", (first, first + 9));
+            let _ = cell
+                .get_or_try_init(|| async {
+                    Ok::<_, StoreError>(Some(Arc::new(notification(first, first + 9, big))))
+                })
+                .await;
+        }
+        let lagging = feed.lagging.lock().unwrap();
+        let kept: usize = lagging
+            .cells
+            .values()
+            .filter_map(|c| c.get().cloned().flatten())
+            .map(|n| n.body.len())
+            .sum();
+        assert!(kept <= LAGGING_BYTES + big, "{kept} bytes kept");
+        assert!(
+            !lagging.cells.contains_key(&(1, 10)),
+            "the oldest went first"
+        );
+        assert!(lagging.cells.contains_key(&(81, 90)));
+        drop(lagging);
+        // Another epoch: the same seqs are other changes.
+        assert!(feed.lagging("e2", (81, 90)).get().is_none());
+        assert!(feed.lagging("e2", (1, 10)).get().is_none());
     }
 }

@@ -246,32 +246,33 @@ impl Worker {
             return ControlFlow::Continue(Some((n.first, n.last, n.body.clone())));
         }
         let limit = (to - from + 1) as usize;
+        let (store, config, channel) = (&self.fanout.store, &self.fanout.config, &self.channel);
         let read = async {
-            let epoch = self
-                .feed
-                .origin(self.fanout.store.as_ref())
-                .await?
-                .epoch
-                .clone();
-            let changes = self
-                .fanout
-                .store
-                .read(&self.channel, from - 1, limit)
-                .await?;
-            Ok::<_, crate::store::StoreError>((epoch, changes))
+            let epoch = self.feed.origin(store.as_ref()).await?.epoch.clone();
+            self.feed
+                .lagging(&epoch, (from, to))
+                .get_or_try_init(|| async {
+                    let changes = store.read(channel, from - 1, limit).await?;
+                    if changes.is_empty() {
+                        return Ok(None);
+                    }
+                    let mut n = render_notification(config, channel, &epoch, changes);
+                    // Only the body is sent; the changes would only hold memory.
+                    n.changes = Vec::new();
+                    Ok::<_, crate::store::StoreError>(Some(Arc::new(n)))
+                })
+                .await
+                .cloned()
         };
         match read.await {
-            Ok((_, changes)) if changes.is_empty() => {
+            Ok(None) => {
                 // Trimmed by retention before delivery: skip to what is retained.
                 self.state.cursor = to;
                 self.state.pending = None;
                 self.persist(sub);
                 ControlFlow::Continue(None)
             }
-            Ok((epoch, changes)) => {
-                let n = render_notification(&self.fanout.config, &self.channel, &epoch, changes);
-                ControlFlow::Continue(Some((n.first, n.last, n.body)))
-            }
+            Ok(Some(n)) => ControlFlow::Continue(Some((n.first, n.last, n.body.clone()))),
             Err(e) => {
                 if !e.logged_by_store() {
                     tracing::warn!(error = %e, "cannot read the log for delivery; retrying");
