@@ -25,6 +25,13 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 const HEAD_LIMIT: usize = 64 << 10;
 /// Most headers an answer may have.
 const MAX_HEADERS: usize = 64;
+/// The read buffer grows by [`READ_ROOM`] whenever it has less than this spare.
+const READ_MIN: usize = 512;
+/// See [`READ_MIN`].
+const READ_ROOM: usize = 2048;
+/// A connection's buffers are given back down to this once an exchange made them larger (a
+/// long answer, a big request head): thousands of subscribers each keep a pair.
+const KEPT_CAPACITY: usize = 16 << 10;
 
 /// An answer as a delivery sees it.
 #[derive(Debug)]
@@ -78,7 +85,14 @@ where
         .await
         .map_err(ExchangeError::NoAnswer)?;
     stream.flush().await.map_err(ExchangeError::NoAnswer)?;
-    read_answer(stream, &mut buffers.read, drain_limit).await
+    let answer = read_answer(stream, &mut buffers.read, drain_limit).await;
+    for buf in [&mut buffers.head, &mut buffers.read] {
+        if buf.capacity() > KEPT_CAPACITY {
+            buf.clear();
+            buf.shrink_to(KEPT_CAPACITY);
+        }
+    }
+    answer
 }
 
 /// The request line and headers. Header values cannot hold CR or LF (`HeaderValue` refuses
@@ -242,18 +256,19 @@ fn parse_head(buf: &[u8]) -> Result<Option<Head>, ExchangeError> {
     Ok(Some((used, status, retry_after, framing, keep_alive)))
 }
 
-/// Reads what the stream has into the spare room of `buf`; 0 at its end.
+/// Reads what the stream has into the spare room of `buf` (making room for an answer's head,
+/// which is short from most callbacks); 0 at its end.
 async fn read_more<S>(stream: &mut S, buf: &mut Vec<u8>) -> std::io::Result<usize>
 where
     S: AsyncRead + Unpin,
 {
-    if buf.capacity() - buf.len() < 4096 {
-        buf.reserve(8192);
+    if buf.capacity() - buf.len() < READ_MIN {
+        buf.reserve(READ_ROOM);
     }
     stream.read_buf(buf).await
 }
 
-/// Drops a body of `n` bytes; `false` (nothing more read) when it is over the limit.
+/// Drops a body of `n` bytes as it comes; `false` (nothing read) when it is over the limit.
 async fn drain_length<S>(
     stream: &mut S,
     buf: &mut Vec<u8>,
@@ -266,16 +281,20 @@ where
     if n > limit as u64 {
         return Ok(false);
     }
-    let n = n as usize;
-    while buf.len() < n {
+    let mut left = n as usize;
+    loop {
+        let take = left.min(buf.len());
+        buf.drain(..take);
+        left -= take;
+        if left == 0 {
+            return Ok(true);
+        }
         if read_more(stream, buf).await? == 0 {
             return Err(ExchangeError::Malformed(
                 "the answer's body was cut short".into(),
             ));
         }
     }
-    buf.drain(..n);
-    Ok(true)
 }
 
 /// Drops a chunked body (and its trailers); `false` once more than `limit` bytes of it were
@@ -459,6 +478,19 @@ mod tests {
         let answer = answer.unwrap();
         assert_eq!(answer.status, 500);
         assert!(!answer.keep_alive);
+    }
+
+    #[tokio::test]
+    async fn a_body_within_the_limit_is_read_and_the_connection_kept() {
+        let answer = format!(
+            "HTTP/1.1 503 Busy\r\nretry-after: 9\r\ncontent-length: 1000\r\n\r\n{}",
+            "x".repeat(1000)
+        );
+        let (answer, _) = exchange(Box::leak(answer.into_bytes().into_boxed_slice())).await;
+        let answer = answer.unwrap();
+        assert_eq!(answer.status, 503);
+        assert_eq!(answer.retry_after.unwrap(), "9");
+        assert!(answer.keep_alive);
     }
 
     #[tokio::test]
