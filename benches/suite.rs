@@ -450,13 +450,17 @@ fn fanout_floor(
                     );
                     (format!("sub-{i}-5f3a9c0d2b7e4a61-{n}-{n}"), signature)
                 };
+                let run = FloorRun {
+                    next: &next,
+                    total,
+                    path: &path,
+                    host: &host,
+                    link: &link,
+                    body: &body,
+                };
                 match client {
-                    FloorClient::Hyper => {
-                        floor_hyper(stream, &next, total, &path, &host, &link, &body, each).await
-                    }
-                    FloorClient::Direct => {
-                        floor_direct(stream, &next, total, &path, &host, &link, &body, each).await
-                    }
+                    FloorClient::Hyper => floor_hyper(stream, run, each).await,
+                    FloorClient::Direct => floor_direct(stream, run, each).await,
                 }
             });
         }
@@ -467,15 +471,19 @@ fn fanout_floor(
     })
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What one connection of a fan-out floor sends, and how many requests all send together.
+struct FloorRun<'a> {
+    next: &'a AtomicUsize,
+    total: usize,
+    path: &'a str,
+    host: &'a str,
+    link: &'a str,
+    body: &'a Bytes,
+}
+
 async fn floor_hyper(
     stream: tokio::net::TcpStream,
-    next: &AtomicUsize,
-    total: usize,
-    path: &str,
-    host: &str,
-    link: &str,
-    body: &Bytes,
+    run: FloorRun<'_>,
     each: impl Fn(usize) -> (String, String),
 ) {
     use http_body_util::{BodyExt, Full};
@@ -485,15 +493,15 @@ async fn floor_hyper(
             .unwrap();
     tokio::spawn(conn);
     loop {
-        let n = next.fetch_add(1, Ordering::Relaxed);
-        if n >= total {
+        let n = run.next.fetch_add(1, Ordering::Relaxed);
+        if n >= run.total {
             break;
         }
         let (id, signature) = each(n);
-        let request = http::Request::post(path)
-            .header(http::header::HOST, host)
+        let request = http::Request::post(run.path)
+            .header(http::header::HOST, run.host)
             .header(http::header::CONTENT_TYPE, "application/xml")
-            .header(http::header::LINK, link)
+            .header(http::header::LINK, run.link)
             .header("x-changehub-channel", "bench")
             .header("x-changehub-delivery", id.as_str())
             .header("webhook-id", id.as_str())
@@ -501,7 +509,7 @@ async fn floor_hyper(
             .header("x-changehub-last", n)
             .header("x-changehub-epoch", "5f3a9c0d2b7e4a61")
             .header("x-hub-signature", signature)
-            .body(Full::new(body.clone()))
+            .body(Full::new(run.body.clone()))
             .unwrap();
         let answer = sender.send_request(request).await.unwrap();
         assert!(
@@ -513,15 +521,9 @@ async fn floor_hyper(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn floor_direct(
     mut stream: tokio::net::TcpStream,
-    next: &AtomicUsize,
-    total: usize,
-    path: &str,
-    host: &str,
-    link: &str,
-    body: &Bytes,
+    run: FloorRun<'_>,
     each: impl Fn(usize) -> (String, String),
 ) {
     use std::io::Write;
@@ -529,23 +531,26 @@ async fn floor_direct(
     let mut head = Vec::with_capacity(1024);
     let mut answer = Vec::with_capacity(4096);
     loop {
-        let n = next.fetch_add(1, Ordering::Relaxed);
-        if n >= total {
+        let n = run.next.fetch_add(1, Ordering::Relaxed);
+        if n >= run.total {
             break;
         }
         let (id, signature) = each(n);
         head.clear();
         write!(
             head,
-            "POST {path} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/xml\r\n\
-             link: {link}\r\nx-changehub-channel: bench\r\nx-changehub-delivery: {id}\r\n\
+            "POST {} HTTP/1.1\r\nhost: {}\r\ncontent-type: application/xml\r\n\
+             link: {}\r\nx-changehub-channel: bench\r\nx-changehub-delivery: {id}\r\n\
              webhook-id: {id}\r\nx-changehub-first: {n}\r\nx-changehub-last: {n}\r\n\
              x-changehub-epoch: 5f3a9c0d2b7e4a61\r\nx-hub-signature: {signature}\r\n\
              content-length: {}\r\n\r\n",
-            body.len()
+            run.path,
+            run.host,
+            run.link,
+            run.body.len()
         )
         .unwrap();
-        let mut out = bytes::Buf::chain(&head[..], &body[..]);
+        let mut out = bytes::Buf::chain(&head[..], &run.body[..]);
         stream.write_all_buf(&mut out).await.unwrap();
         answer.clear();
         loop {
