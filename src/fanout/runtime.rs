@@ -8,13 +8,9 @@
 use tokio::runtime::{Builder, Handle, Runtime};
 
 /// How much nicer than the rest of the hub delivery threads are (Linux nice values: 0 is
-/// normal, 19 the lowest priority). At 19 the scheduler gives an ingest thread nearly all of
-/// a core that both want, and delivery all that nothing else wants. Measured at 1,000
-/// subscribers with a 1-change publish every 5 ms beside a stream that keeps delivery busy
-/// (five alternating runs each): the publish's 202 p99 was 5.8–7.7 ms at nice 10 and
-/// 4.5–7.2 ms at 19 (the threads' scheduling delay, `perf sched latency`, reached 8 ms at
-/// 10); deliveries/s did not differ beyond the noise.
-const NICENESS: i32 = 19;
+/// normal, 19 the lowest priority). At 10 the scheduler gives an ingest thread about nine
+/// tenths of a core that both want.
+const NICENESS: i32 = 10;
 
 /// A multi-thread runtime for the delivery workers and the batchers that wake them: one
 /// thread per two cores (at least one). On two cores one thread measured less CPU per
