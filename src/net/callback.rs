@@ -160,18 +160,12 @@ impl CallbackConn {
             USER_AGENT,
             HeaderValue::from_static(concat!("changehub/", env!("CARGO_PKG_VERSION"))),
         );
+        // `exchange` holds the connection while it works and keeps it only after a good
+        // answer, so one that failed or ran out of time leaves no connection behind.
         let timeout = self.settings.timeout;
-        match tokio::time::timeout(timeout, self.exchange(to, &headers, &body)).await {
-            Ok(Ok(answer)) => Ok(answer),
-            Ok(Err(e)) => {
-                self.stream = None;
-                Err(e)
-            }
-            Err(_) => {
-                self.stream = None;
-                Err(CallbackError::Timeout(timeout))
-            }
-        }
+        tokio::time::timeout(timeout, self.exchange(to, &headers, &body))
+            .await
+            .unwrap_or(Err(CallbackError::Timeout(timeout)))
     }
 
     /// One request on the kept connection, or on a new one. A kept connection the callback

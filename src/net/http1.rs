@@ -133,7 +133,13 @@ where
     let mut got_any = false;
     loop {
         // The head: read until it parses.
-        let (used, status, retry_after, framing, mut keep_alive) = loop {
+        let Head {
+            used,
+            status,
+            retry_after,
+            framing,
+            mut keep_alive,
+        } = loop {
             if !buf.is_empty() {
                 if let Some(head) = parse_head(buf)? {
                     break head;
@@ -188,7 +194,14 @@ where
     }
 }
 
-type Head = (usize, StatusCode, Option<HeaderValue>, Framing, bool);
+/// An answer's head as parsed: how many bytes of the buffer it took, and what it says.
+struct Head {
+    used: usize,
+    status: StatusCode,
+    retry_after: Option<HeaderValue>,
+    framing: Framing,
+    keep_alive: bool,
+}
 
 /// The answer's head at the start of `buf`, when all of it is there.
 fn parse_head(buf: &[u8]) -> Result<Option<Head>, ExchangeError> {
@@ -253,7 +266,13 @@ fn parse_head(buf: &[u8]) -> Result<Option<Head>, ExchangeError> {
     } else {
         Framing::UntilClose
     };
-    Ok(Some((used, status, retry_after, framing, keep_alive)))
+    Ok(Some(Head {
+        used,
+        status,
+        retry_after,
+        framing,
+        keep_alive,
+    }))
 }
 
 /// Reads what the stream has into the spare room of `buf` (making room for an answer's head,
@@ -289,16 +308,23 @@ where
         if left == 0 {
             return Ok(true);
         }
-        if read_more(stream, buf).await? == 0 {
-            return Err(ExchangeError::Malformed(
-                "the answer's body was cut short".into(),
-            ));
-        }
+        fill(stream, buf, "the answer's body").await?;
     }
 }
 
-/// Drops a chunked body (and its trailers); `false` once more than `limit` bytes of it were
-/// read, leaving the rest unread.
+/// Reads more of `what` into `buf`; the connection ending first is a malformed answer.
+async fn fill<S>(stream: &mut S, buf: &mut Vec<u8>, what: &str) -> Result<(), ExchangeError>
+where
+    S: AsyncRead + Unpin,
+{
+    match read_more(stream, buf).await? {
+        0 => Err(ExchangeError::Malformed(format!("{what} was cut short"))),
+        _ => Ok(()),
+    }
+}
+
+/// Drops a chunked body (and its trailers), its framing parsed by `httparse`; `false` once it
+/// would take more than `limit` bytes, leaving the rest unread.
 async fn drain_chunked<S>(
     stream: &mut S,
     buf: &mut Vec<u8>,
@@ -309,29 +335,30 @@ where
 {
     let mut read = 0usize;
     loop {
-        let line = next_line(stream, buf, &mut read, limit).await?;
-        let Some(line) = line else { return Ok(false) };
-        let size_text = line.split(';').next().unwrap_or_default().trim();
-        let size = usize::from_str_radix(size_text, 16)
-            .map_err(|_| ExchangeError::Malformed(format!("a bad chunk size {size_text:?}")))?;
-        if size == 0 {
-            // Trailers, up to the empty line.
-            loop {
-                match next_line(stream, buf, &mut read, limit).await? {
-                    None => return Ok(false),
-                    Some(l) if l.is_empty() => return Ok(true),
-                    Some(_) => {}
-                }
+        // The chunk's size line.
+        let (used, size) = loop {
+            match httparse::parse_chunk_size(buf) {
+                Ok(httparse::Status::Complete(sized)) => break sized,
+                Ok(httparse::Status::Partial) => {}
+                Err(_) => return Err(ExchangeError::Malformed("a bad chunk size".into())),
             }
-        }
-        if read.saturating_add(size) > limit {
-            return Ok(false);
+            if read + buf.len() > limit {
+                return Ok(false);
+            }
+            fill(stream, buf, "a chunked body").await?;
+        };
+        buf.drain(..used);
+        read += used;
+        if size == 0 {
+            return drain_trailers(stream, buf, read, limit).await;
         }
         // The chunk and its CRLF.
+        let size = match usize::try_from(size) {
+            Ok(size) if read.saturating_add(size) <= limit => size,
+            _ => return Ok(false),
+        };
         while buf.len() < size + 2 {
-            if read_more(stream, buf).await? == 0 {
-                return Err(ExchangeError::Malformed("a chunk was cut short".into()));
-            }
+            fill(stream, buf, "a chunk").await?;
         }
         if &buf[size..size + 2] != b"\r\n" {
             return Err(ExchangeError::Malformed("a chunk without its CRLF".into()));
@@ -341,32 +368,31 @@ where
     }
 }
 
-/// The next CRLF-ended line of a chunked body, without its CRLF; `None` when it would go
-/// over `limit` bytes read.
-async fn next_line<S>(
+/// Drops the trailer fields after a chunked body's last chunk, up to the empty line that
+/// ends them; `false` when they would take `limit` bytes in all (`read` so far).
+async fn drain_trailers<S>(
     stream: &mut S,
     buf: &mut Vec<u8>,
-    read: &mut usize,
+    read: usize,
     limit: usize,
-) -> Result<Option<String>, ExchangeError>
+) -> Result<bool, ExchangeError>
 where
     S: AsyncRead + Unpin,
 {
     loop {
-        if let Some(end) = buf.windows(2).position(|w| w == b"\r\n") {
-            let line = String::from_utf8_lossy(&buf[..end]).into_owned();
-            buf.drain(..end + 2);
-            *read += end + 2;
-            return Ok(Some(line));
+        let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        match httparse::parse_headers(buf, &mut fields) {
+            Ok(httparse::Status::Complete((used, _))) => {
+                buf.drain(..used);
+                return Ok(true);
+            }
+            Ok(httparse::Status::Partial) => {}
+            Err(e) => return Err(ExchangeError::Malformed(format!("bad trailers: {e}"))),
         }
-        if *read + buf.len() > limit {
-            return Ok(None);
+        if read + buf.len() > limit {
+            return Ok(false);
         }
-        if read_more(stream, buf).await? == 0 {
-            return Err(ExchangeError::Malformed(
-                "a chunked body was cut short".into(),
-            ));
-        }
+        fill(stream, buf, "a chunked body's trailers").await?;
     }
 }
 
