@@ -13,7 +13,7 @@
 
 use bytes::Bytes;
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{broadcast, watch};
@@ -27,18 +27,14 @@ use crate::resourcesync::{self, ChangeListHeader};
 use crate::store::{Origin, Store, StoreError};
 use crate::telemetry::RateWindow;
 
-/// How many recent notifications a feed keeps for delivery workers to share, at least; more
-/// are kept while their bodies add up to at most [`RECENT_BYTES`], up to [`RECENT_MAX`].
-/// Small notifications (a low `--max-batch`, or a quiet channel lingering) then still cover
-/// a useful stretch of the log: a worker that fell behind the window reads and renders its
-/// own copy of each notification, which at 100 subscribers and 600 notifications of 10
-/// changes in a burst made most of the hub's CPU per delivery.
-const RECENT: usize = 64;
-/// See [`RECENT`].
-const RECENT_BYTES: usize = 4 << 20;
-/// See [`RECENT`].
+/// Most recent notifications a feed keeps for delivery workers to share. Their memory (bodies
+/// and changes) counts toward one bound shared by every feed, [`RecentBudget`], an eighth of
+/// `--cache-size`; the newest notification of a feed is always kept. Small notifications (a low
+/// `--max-batch`, or a quiet channel lingering) then still cover a useful stretch of the log: a
+/// worker that fell behind the window reads and renders each notification from the log
+/// (shared with the others behind, see [`ChannelFeed::lagging`]).
 const RECENT_MAX: usize = 4096;
-/// Bodies rendered again from the log for workers behind [`RECENT`] that a feed keeps to
+/// Bodies rendered again from the log for workers behind the recent ones that a feed keeps to
 /// share, at most (see [`ChannelFeed::lagging`]); and at most this many of them.
 const LAGGING_BYTES: usize = 1 << 20;
 /// See [`LAGGING_BYTES`].
@@ -90,14 +86,42 @@ pub fn render_notification(
 /// The hosted channels with their feeds (see [`crate::hosted`]).
 pub type Feeds = Arc<crate::hosted::Hosted>;
 
+/// The bound on the memory of the recent notifications that all feeds keep together (see
+/// [`RECENT_MAX`]): a feed that publishes while the sum is over it drops its own oldest ones.
+#[derive(Debug)]
+pub struct RecentBudget {
+    limit: usize,
+    used: AtomicUsize,
+}
+
+impl RecentBudget {
+    /// Without `--cache-size`: a feed made on its own (tests, external topics' feeds).
+    const ALONE: usize = 4 << 20;
+
+    pub fn new(limit: usize) -> Arc<RecentBudget> {
+        Arc::new(RecentBudget {
+            limit,
+            used: AtomicUsize::new(0),
+        })
+    }
+
+    /// Bytes counted now.
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    fn over(&self) -> bool {
+        self.used() > self.limit
+    }
+}
+
 /// What a channel has published so far.
 pub struct ChannelFeed {
     pub name: String,
     /// The channel's origin (its epoch), read from the store once.
     origin: tokio::sync::OnceCell<Origin>,
     published: watch::Sender<u64>,
-    /// Recent notifications in seq order (each `first` greater than the one before), and the
-    /// bytes of their bodies.
+    /// Recent notifications in seq order (each `first` greater than the one before).
     recent: Mutex<Recent>,
     /// Notifications rendered again from the log for workers behind `recent`.
     lagging: Mutex<Lagging>,
@@ -111,32 +135,60 @@ pub struct ChannelFeed {
     pages: Option<Arc<PageCache>>,
 }
 
-/// A feed's recent notifications (see [`RECENT`]).
-#[derive(Default)]
+/// A feed's recent notifications (see [`RECENT_MAX`]), and their memory, counted in the budget
+/// too (and given back when the feed goes).
 struct Recent {
     list: VecDeque<Arc<Notification>>,
-    /// The bytes of the bodies in `list`.
+    /// [`Notification::memory`] of those in `list` (the same each time: they do not change).
     bytes: usize,
+    budget: Arc<RecentBudget>,
 }
 
 impl Recent {
+    fn new(budget: Arc<RecentBudget>) -> Recent {
+        Recent {
+            list: VecDeque::new(),
+            bytes: 0,
+            budget,
+        }
+    }
+
     /// Adds `n` at the end and drops the oldest beyond the bounds. A notification that does
     /// not come after the last one (the log started again) empties the list first, so that
     /// it stays in seq order.
     fn push(&mut self, n: Arc<Notification>) {
         if self.list.back().is_some_and(|last| last.first >= n.first) {
-            self.list.clear();
-            self.bytes = 0;
+            while self.pop() {}
         }
-        self.bytes += n.body.len();
+        let size = n.memory();
+        self.bytes += size;
+        self.budget.used.fetch_add(size, Ordering::Relaxed);
         self.list.push_back(n);
-        while self.list.len() > RECENT
-            && (self.bytes > RECENT_BYTES || self.list.len() > RECENT_MAX)
-        {
-            if let Some(old) = self.list.pop_front() {
-                self.bytes -= old.body.len();
-            }
+        while self.list.len() > 1 && (self.budget.over() || self.list.len() > RECENT_MAX) {
+            self.pop();
         }
+    }
+
+    /// Drops the oldest; false when there was none.
+    fn pop(&mut self) -> bool {
+        let Some(old) = self.list.pop_front() else {
+            return false;
+        };
+        let size = old.memory();
+        self.bytes -= size;
+        self.budget.used.fetch_sub(size, Ordering::Relaxed);
+        true
+    }
+
+    fn get(&self, first: u64) -> Option<Arc<Notification>> {
+        let at = self.list.binary_search_by_key(&first, |n| n.first).ok()?;
+        self.list.get(at).cloned()
+    }
+}
+
+impl Drop for Recent {
+    fn drop(&mut self) {
+        self.budget.used.fetch_sub(self.bytes, Ordering::Relaxed);
     }
 }
 
@@ -180,12 +232,18 @@ impl Lagging {
 }
 
 impl ChannelFeed {
+    /// A feed with a budget of its own for its recent notifications.
     pub fn new(name: &str) -> ChannelFeed {
+        ChannelFeed::with_budget(name, RecentBudget::new(RecentBudget::ALONE))
+    }
+
+    /// A feed whose recent notifications count toward `budget`, shared with other feeds.
+    pub fn with_budget(name: &str, budget: Arc<RecentBudget>) -> ChannelFeed {
         ChannelFeed {
             name: name.to_string(),
             origin: tokio::sync::OnceCell::new(),
             published: watch::channel(0).0,
-            recent: Mutex::default(),
+            recent: Mutex::new(Recent::new(budget)),
             lagging: Mutex::default(),
             live: broadcast::channel(1024).0,
             delivered: AtomicU64::new(0),
@@ -196,10 +254,10 @@ impl ChannelFeed {
 
     /// A feed whose notifications also write the blocks of page entries they complete to
     /// `pages` (see [`PageCache::published`]).
-    pub fn with_pages(name: &str, pages: Arc<PageCache>) -> ChannelFeed {
+    pub fn with_pages(name: &str, budget: Arc<RecentBudget>, pages: Arc<PageCache>) -> ChannelFeed {
         ChannelFeed {
             pages: Some(pages),
-            ..ChannelFeed::new(name)
+            ..ChannelFeed::with_budget(name, budget)
         }
     }
 
@@ -245,8 +303,7 @@ impl ChannelFeed {
     /// A recently published notification that starts at `first`, if still cached.
     pub fn cached(&self, first: u64) -> Option<Arc<Notification>> {
         let recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
-        let at = recent.list.binary_search_by_key(&first, |n| n.first).ok()?;
-        recent.list.get(at).cloned()
+        recent.get(first)
     }
 
     /// Where the notification of seqs `range` (of the log of `epoch`), rendered again from
@@ -454,30 +511,51 @@ mod tests {
     }
 
     #[test]
-    fn the_recent_window_keeps_64_then_what_fits_in_its_bytes() {
-        // Large bodies: only the last RECENT.
-        let mut recent = Recent::default();
-        for first in 1..=100 {
-            recent.push(Arc::new(notification(first, first, RECENT_BYTES / 10)));
+    fn feeds_keep_recent_notifications_within_one_shared_budget() {
+        let each = notification(1, 1, 4096).memory();
+        assert!(each >= 4096, "the body counts");
+        let budget = RecentBudget::new(100 * each);
+        // One feed alone fills the budget, then drops its oldest.
+        let mut a = Recent::new(budget.clone());
+        for first in 1..=150 {
+            a.push(Arc::new(notification(first, first, 4096)));
         }
-        assert_eq!(recent.list.len(), RECENT);
-        assert_eq!(recent.list.front().map(|n| n.first), Some(37));
-        // Small bodies: as many as fit in RECENT_BYTES, at most RECENT_MAX.
-        let mut recent = Recent::default();
-        for first in 1..=1000 {
-            recent.push(Arc::new(notification(first, first, 4096)));
+        assert_eq!(a.list.len(), 100);
+        assert_eq!(a.list.front().map(|n| n.first), Some(51));
+        assert_eq!(budget.used(), 100 * each);
+        // A second feed: the one that publishes while the sum is over gives way, and the
+        // sum stays within the budget.
+        let mut b = Recent::new(budget.clone());
+        for first in 1..=30 {
+            b.push(Arc::new(notification(first, first, 4096)));
         }
-        assert_eq!(recent.list.len(), 1000, "4 MB of bodies fit");
-        for first in 1001..=3000 {
-            recent.push(Arc::new(notification(first, first, 4096)));
-        }
-        assert_eq!(recent.list.len(), RECENT_BYTES / 4096);
-        assert_eq!(recent.bytes, recent.list.len() * 4096);
-        let mut recent = Recent::default();
+        assert_eq!(b.list.len(), 1, "the newest is kept even over the budget");
+        assert_eq!(budget.used(), 101 * each);
+        a.push(Arc::new(notification(151, 151, 4096)));
+        assert_eq!(a.list.len(), 99);
+        assert_eq!(budget.used(), 100 * each);
+        // A new log: the old ones go, and their bytes with them.
+        a.push(Arc::new(notification(1, 1, 4096)));
+        assert_eq!(a.list.len(), 1);
+        assert_eq!(budget.used(), 2 * each);
+        // A feed that goes gives its bytes back.
+        drop(b);
+        assert_eq!(budget.used(), each);
+        // Changes count too.
+        let mut big = notification(2, 3, 10);
+        let new =
+            || crate::model::NewChange::new("x".repeat(1000), crate::model::ChangeType::Updated);
+        let at = time::OffsetDateTime::UNIX_EPOCH;
+        big.changes = (2..=3)
+            .map(|seq| Change::from_new(seq, new(), at))
+            .collect();
+        assert!(big.memory() > 2000 + 2 * std::mem::size_of::<Change>());
+        // Small notifications: at most RECENT_MAX in one feed.
+        let mut c = Recent::new(RecentBudget::new(usize::MAX));
         for first in 1..=(RECENT_MAX as u64 + 10) {
-            recent.push(Arc::new(notification(first, first, 10)));
+            c.push(Arc::new(notification(first, first, 10)));
         }
-        assert_eq!(recent.list.len(), RECENT_MAX);
+        assert_eq!(c.list.len(), RECENT_MAX);
     }
 
     #[test]

@@ -90,10 +90,10 @@ pub struct ServeArgs {
     #[arg(long, env = "CHANGEHUB_MAX_BODY")]
     pub max_body: Option<usize>,
     /// Memory for the hub's caches, all together, in MiB (default 256): half for the embedded
-    /// store's file, a quarter for the rendered entries of `changes?after=` pages, a quarter
-    /// for rendered closed Change Lists. It bounds the hub's resident memory however long the
-    /// log grows; more makes reads of older changes faster. With --redis the store's half is
-    /// not used.
+    /// store's file, a quarter for the rendered entries of `changes?after=` pages, an eighth
+    /// for rendered closed Change Lists, an eighth for the recent notifications that delivery
+    /// shares. It bounds the hub's resident memory however long the log grows; more makes
+    /// reads of older changes faster. With --redis the store's half is not used.
     #[arg(long, env = "CHANGEHUB_CACHE_SIZE")]
     pub cache_size: Option<usize>,
     /// Disk the files of rendered `changes?after=` page entries may take, in MiB (default
@@ -452,19 +452,25 @@ pub struct Config {
     pub dump_dir: Option<PathBuf>,
     /// The rendered entries of `changes?after=` pages kept.
     pub pages: PagesConfig,
-    /// Most bytes of rendered closed Change Lists kept in memory (a quarter of
-    /// `--cache-size`; kept by the web layer, `http/rendered.rs`).
+    /// Most bytes of rendered closed Change Lists kept in memory (an eighth of `--cache-size`;
+    /// kept by the web layer, `http/rendered.rs`).
     pub closed_lists: usize,
+    /// Most bytes of recent notifications (bodies and changes) that the channels' feeds keep
+    /// for delivery workers to share, all feeds together (an eighth of `--cache-size`; see
+    /// [`crate::batcher::RecentBudget`]).
+    pub recent_notifications: usize,
 }
 
 /// How `--cache-size` is shared out among the hub's caches: half to the embedded store's
-/// file, a quarter each to the rendered entries of `changes?after=` pages and to rendered
-/// closed Change Lists. With Redis the store's half is not used.
+/// file, a quarter to the rendered entries of `changes?after=` pages, an eighth each to
+/// rendered closed Change Lists and to the recent notifications delivery workers share. With
+/// Redis the store's half is not used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Caches {
     pub store: usize,
     pub pages: usize,
     pub closed_lists: usize,
+    pub recent_notifications: usize,
 }
 
 impl Caches {
@@ -475,7 +481,8 @@ impl Caches {
         Caches {
             store: total / 2,
             pages: total / 4,
-            closed_lists: total / 4,
+            closed_lists: total / 8,
+            recent_notifications: total / 8,
         }
     }
 }
@@ -893,6 +900,7 @@ impl ServeArgs {
             dump_dir,
             pages,
             closed_lists: caches.closed_lists,
+            recent_notifications: caches.recent_notifications,
             xmpp,
             listen,
             urls,
@@ -1108,12 +1116,14 @@ mod tests {
                 StoreConfig::Embedded { cache_size, .. } => cache_size,
                 StoreConfig::Redis { .. } => panic!("not embedded"),
             };
-            (store, config.pages.memory, config.closed_lists)
+            let rest = (config.pages.memory, config.closed_lists);
+            (store, rest, config.recent_notifications)
         };
         assert_eq!(
             caches(ServeArgs::default()),
-            (128 << 20, 64 << 20, 64 << 20),
-            "256 MiB by default: half to the store, a quarter to each other cache"
+            (128 << 20, (64 << 20, 32 << 20), 32 << 20),
+            "256 MiB by default: half to the store, a quarter to pages, an eighth each to \
+             closed lists and to notifications"
         );
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("hub.toml");
@@ -1122,12 +1132,15 @@ mod tests {
             config: Some(path),
             ..ServeArgs::default()
         };
-        assert_eq!(caches(from_file.clone()), (16 << 20, 8 << 20, 8 << 20));
+        assert_eq!(
+            caches(from_file.clone()),
+            (16 << 20, (8 << 20, 4 << 20), 4 << 20)
+        );
         let flag = ServeArgs {
             cache_size: Some(64),
             ..from_file
         };
-        assert_eq!(caches(flag), (32 << 20, 16 << 20, 16 << 20));
+        assert_eq!(caches(flag), (32 << 20, (16 << 20, 8 << 20), 8 << 20));
         let redis = ServeArgs {
             redis: Some("redis://127.0.0.1:1/".into()),
             cache_size: Some(64),
@@ -1137,7 +1150,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             (redis.pages.memory, redis.closed_lists),
-            (16 << 20, 16 << 20)
+            (16 << 20, 8 << 20)
         );
     }
 

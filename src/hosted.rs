@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
-use crate::batcher::ChannelFeed;
+use crate::batcher::{ChannelFeed, RecentBudget};
 use crate::catchup::pages::PageCache;
 use crate::model::ChannelSpec;
 use crate::net::Urls;
@@ -36,7 +36,6 @@ pub struct Channel {
 }
 
 /// The hosted channels, shared by everything that serves them.
-#[derive(Default)]
 pub struct Hosted {
     channels: RwLock<BTreeMap<String, Channel>>,
     /// The feeds of internal channels that belong to hosted ones (the list of a channel's
@@ -45,14 +44,30 @@ pub struct Hosted {
     internal: RwLock<BTreeMap<String, Arc<ChannelFeed>>>,
     /// The blocks of page entries that the feeds of hosted channels write as they publish.
     pages: Option<Arc<PageCache>>,
+    /// The bound on the recent notifications that every feed here keeps.
+    recent: Arc<RecentBudget>,
+}
+
+impl Default for Hosted {
+    /// No channels, no page entries written, and 4 MiB of recent notifications.
+    fn default() -> Hosted {
+        Hosted {
+            channels: RwLock::default(),
+            internal: RwLock::default(),
+            pages: None,
+            recent: RecentBudget::new(4 << 20),
+        }
+    }
 }
 
 impl Hosted {
     /// No channels yet; the feeds of hosted channels will write the blocks of page entries
-    /// they complete to `pages`.
-    pub fn with_pages(pages: Arc<PageCache>) -> Hosted {
+    /// they complete to `pages`, and all feeds keep at most `recent` bytes of recent
+    /// notifications together.
+    pub fn with_pages(pages: Arc<PageCache>, recent: usize) -> Hosted {
         Hosted {
             pages: Some(pages),
+            recent: RecentBudget::new(recent),
             ..Hosted::default()
         }
     }
@@ -92,7 +107,7 @@ impl Hosted {
         match internal.get(name) {
             Some(feed) => (false, feed.clone()),
             None => {
-                let feed = Arc::new(ChannelFeed::new(name));
+                let feed = Arc::new(ChannelFeed::with_budget(name, self.recent.clone()));
                 internal.insert(name.to_string(), feed.clone());
                 (true, feed)
             }
@@ -140,8 +155,10 @@ impl Hosted {
             }
             None => {
                 let feed = Arc::new(match &self.pages {
-                    Some(pages) => ChannelFeed::with_pages(&spec.name, pages.clone()),
-                    None => ChannelFeed::new(&spec.name),
+                    Some(pages) => {
+                        ChannelFeed::with_pages(&spec.name, self.recent.clone(), pages.clone())
+                    }
+                    None => ChannelFeed::with_budget(&spec.name, self.recent.clone()),
                 });
                 let name = spec.name.clone();
                 channels.insert(
@@ -160,5 +177,49 @@ impl Hosted {
     /// Takes a channel away; returns it.
     pub fn remove(&self, name: &str) -> Option<Channel> {
         self.write().remove(name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Notification, Retention};
+
+    fn notification(channel: &str, first: u64) -> Notification {
+        Notification {
+            channel: channel.into(),
+            first,
+            last: first,
+            changes: Vec::new(),
+            body: bytes::Bytes::from(vec![b'x'; 1000]),
+            accepted_at: None,
+        }
+    }
+
+    /// Hosted channels and internal ones keep their recent notifications within the one
+    /// bound given to the registry (the share of `--cache-size`).
+    #[test]
+    fn every_feed_counts_its_recent_notifications_toward_the_registry_bound() {
+        let one = notification("a", 1).memory();
+        let hosted = Hosted::with_pages(Arc::new(PageCache::with_bound(0)), 3 * one);
+        let spec = |name: &str| ChannelSpec::new(name, "t", Retention::DEFAULT);
+        let (_, a) = hosted.put(spec("a"), Declared::StartUp);
+        let (_, b) = hosted.put(spec("b"), Declared::Api);
+        let (_, dumps) = hosted.put_internal("a.dumps");
+        for first in 1..=3 {
+            a.announce(notification("a", first));
+        }
+        assert_eq!(hosted.recent.used(), 3 * one);
+        b.announce(notification("b", 1));
+        dumps.announce(notification("a.dumps", 1));
+        assert_eq!(hosted.recent.used(), 5 * one, "each keeps its newest");
+        a.announce(notification("a", 4));
+        assert_eq!(
+            hosted.recent.used(),
+            3 * one,
+            "over the bound: a drops its oldest"
+        );
+        assert!(a.cached(4).is_some() && a.cached(3).is_none());
+        assert!(b.cached(1).is_some() && dumps.cached(1).is_some());
     }
 }

@@ -82,7 +82,7 @@ async fn main() -> std::process::ExitCode {
 }
 
 async fn serve(args: changehub::config::ServeArgs) -> anyhow::Result<()> {
-    changehub::server::limit_malloc_arenas();
+    changehub::server::tune_malloc();
     let config = args.resolve()?;
     if config.channels.is_empty() {
         tracing::warn!("no channels declared; add --channel NAME=TOKEN, or create channels with PUT /api/channels/NAME (needs --admin-token)");

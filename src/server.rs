@@ -47,35 +47,75 @@ pub fn open_store(config: &Config) -> Result<Arc<dyn Store>, Error> {
     }
 }
 
-/// Caps glibc's malloc at two arenas per CPU (its default is eight), unless the operator set
-/// `MALLOC_ARENA_MAX`. The hub runs many threads (runtime workers, the delivery runtime, the
-/// store's writer, blocking reads); each can get an arena of its own, and memory freed in one
-/// arena is not reused by the threads of another, so a long-running hub's resident memory
-/// kept growing with memory it had freed (the steady run of `docs/performance.md`). Call it
-/// first thing in the process: arenas are made as threads first allocate.
-pub fn limit_malloc_arenas() {
+/// Settles how glibc's malloc keeps memory, unless the operator set the same through its
+/// environment (`MALLOC_ARENA_MAX`, `MALLOC_MMAP_THRESHOLD_`). Call it first thing in the
+/// process: arenas are made as threads first allocate.
+///
+/// - **At most two arenas per CPU** (its default is eight). The hub runs many threads
+///   (runtime workers, the delivery runtime, the store's writer, blocking reads); each can get
+///   an arena of its own, and memory freed in one arena is not reused by the threads of
+///   another, so a long-running hub's resident memory kept growing with memory it had freed
+///   (the steady run of `docs/performance.md`).
+/// - **Blocks of 1 MiB and more mapped on their own** and handed back when freed. glibc's
+///   default threshold starts at 128 KiB and rises to the size of each mapped block freed, up
+///   to 32 MiB; after the first large document, every later one was taken from the arenas,
+///   and the holes such documents (Change Lists, topics, gzip forms rendered for a read) leave
+///   behind when they go stay resident. 1 MiB keeps the smaller blocks that are read again and
+///   again (the 1,000-entry page blocks, a few hundred KB) in the arenas. Measured in the
+///   steady run at `BENCH_SCALE=0.5` (`--cache-size 64`): RSS about 10 MiB lower all along,
+///   at most 118 MiB against 130.
+/// - **A heap's free top kept until the periodic trim** ([`trim_freed_memory`]). Setting the
+///   mmap threshold also fixes the threshold at which `free` shrinks a heap at its default,
+///   128 KiB, instead of letting it follow the threshold up; at that setting a heap shrank
+///   and grew back over and over under load: `changes?after=` pages fell from 12.5k to 9.5k
+///   requests/s, fan-out at 1,000 subscribers from 37.8k to 33.5k deliveries/s. 64 MiB
+///   leaves handing memory back to the trim alone.
+pub fn tune_malloc() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let arenas = libc::c_int::try_from(2 * cpus).unwrap_or(libc::c_int::MAX);
-        // SAFETY: mallopt takes no pointers; M_ARENA_MAX only bounds how many arenas malloc
-        // makes from now on. A refusal (0) leaves the default, which is harmless.
-        unsafe {
-            libc::mallopt(libc::M_ARENA_MAX, arenas);
+    {
+        let unset = |name: &str| std::env::var_os(name).is_none();
+        if unset("MALLOC_ARENA_MAX") {
+            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let arenas = libc::c_int::try_from(2 * cpus).unwrap_or(libc::c_int::MAX);
+            // SAFETY: mallopt takes no pointers; M_ARENA_MAX only bounds how many arenas malloc
+            // makes from now on. A refusal (0) leaves the default, which is harmless.
+            unsafe {
+                libc::mallopt(libc::M_ARENA_MAX, arenas);
+            }
+        }
+        if unset("MALLOC_MMAP_THRESHOLD_") {
+            // SAFETY: as above; M_MMAP_THRESHOLD only decides how later blocks are obtained.
+            unsafe {
+                libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD);
+            }
+        }
+        if unset("MALLOC_TRIM_THRESHOLD_") {
+            // SAFETY: as above; M_TRIM_THRESHOLD only decides when `free` shrinks a heap.
+            unsafe {
+                libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD);
+            }
         }
     }
 }
 
+/// See [`tune_malloc`].
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+const MMAP_THRESHOLD: libc::c_int = 1 << 20;
+/// See [`tune_malloc`].
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+const TRIM_THRESHOLD: libc::c_int = 64 << 20;
+
 /// How often `serve` hands freed memory back to the system ([`trim_freed_memory`]).
-pub const TRIM_EVERY: Duration = Duration::from_secs(10);
+pub const TRIM_EVERY: Duration = Duration::from_secs(2);
 
 /// Every `every`, hands the memory malloc keeps after it was freed back to the system
 /// (`malloc_trim`, glibc only; elsewhere nothing), on a blocking thread. glibc keeps the
 /// free pages that sit between live allocations resident; under a steady load, the caches
 /// turning over leave such pages behind. Measured with the steady run of `scripts/bench.sh`
 /// (`--cache-size 64`, 10 minutes): RSS at most 169 MiB without, 146 MiB with a trim every
-/// 10 s, hub CPU 45% and 47% of a core. Must be called inside the runtime; `serve` calls it,
-/// the [`run`] seam does not.
+/// 10 s, hub CPU 45% and 47% of a core. A trim gives back about 18 MiB in that run, and
+/// within 2 s the load has touched about 14 MiB of it again; hence [`TRIM_EVERY`] of 2 s.
+/// Must be called inside the runtime; `serve` calls it, the [`run`] seam does not.
 pub fn trim_freed_memory(every: Duration) {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(every);
@@ -449,7 +489,10 @@ impl Hub {
     pub async fn start(config: Arc<Config>, store: Arc<dyn Store>) -> Result<Hub, Error> {
         let work = Work::new();
         let pages = Arc::new(open_pages(&config.pages).await);
-        let feeds: Feeds = Arc::new(Hosted::with_pages(pages.clone()));
+        let feeds: Feeds = Arc::new(Hosted::with_pages(
+            pages.clone(),
+            config.recent_notifications,
+        ));
         for spec in config.channels.values() {
             feeds.put(spec.clone(), Declared::StartUp);
         }

@@ -224,6 +224,9 @@ impl Hub {
             base: format!("http://127.0.0.1:{port}"),
             client: reqwest::Client::builder()
                 .pool_max_idle_per_host(256)
+                // Shorter than the hub's 10 s for an idle connection (`--header-read-timeout`):
+                // a request must never go out on a connection the hub is closing.
+                .pool_idle_timeout(Duration::from_secs(5))
                 .timeout(Duration::from_secs(120))
                 .build()
                 .unwrap(),

@@ -3,7 +3,7 @@
 //! and, when a client asks for gzip, compressed once; later requests copy bytes.
 //!
 //! Bounds: one topic per channel, and closed lists up to a bound of bytes in all, gzip forms
-//! included (a quarter of `--cache-size`; the oldest dropped first).
+//! included (an eighth of `--cache-size`; the oldest dropped first).
 
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};

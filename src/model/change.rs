@@ -146,6 +146,28 @@ impl Change {
             conflicts: 0,
         }
     }
+
+    /// The bytes its strings hold on the heap (an estimate for bounding caches of changes).
+    pub fn heap_size(&self) -> usize {
+        let text = |s: &Option<String>| s.as_ref().map_or(0, String::capacity);
+        self.loc.capacity()
+            + text(&self.hash)
+            + text(&self.media_type)
+            + text(&self.source)
+            + self.links.capacity() * std::mem::size_of::<Link>()
+            + self
+                .links
+                .iter()
+                .map(|l| {
+                    l.rel.capacity()
+                        + l.href.capacity()
+                        + l.attrs
+                            .iter()
+                            .map(|(k, v)| k.len() + v.len())
+                            .sum::<usize>()
+                })
+                .sum::<usize>()
+    }
 }
 
 /// Why a change was refused.

@@ -18,3 +18,13 @@ pub struct Notification {
     /// the 202); `None` for a notification rendered again from the log.
     pub accepted_at: Option<std::time::Instant>,
 }
+
+impl Notification {
+    /// About how much memory it holds: its body and its changes (what a cache of
+    /// notifications counts against its bound).
+    pub fn memory(&self) -> usize {
+        self.body.len()
+            + self.changes.capacity() * std::mem::size_of::<Change>()
+            + self.changes.iter().map(Change::heap_size).sum::<usize>()
+    }
+}
