@@ -86,8 +86,9 @@ pub fn render_notification(
 /// The hosted channels with their feeds (see [`crate::hosted`]).
 pub type Feeds = Arc<crate::hosted::Hosted>;
 
-/// The bound on the memory of the recent notifications that all feeds keep together (see
-/// [`RECENT_MAX`]): a feed that publishes while the sum is over it drops its own oldest ones.
+/// The bound on the memory of the recent notifications that all feeds keep together, for
+/// their delivery workers to share: a feed that publishes while the sum is over it drops its
+/// own oldest ones, keeping its newest.
 #[derive(Debug)]
 pub struct RecentBudget {
     limit: usize,
