@@ -66,10 +66,11 @@ pub fn open_store(config: &Config) -> Result<Arc<dyn Store>, Error> {
 ///   at most 118 MiB against 130.
 /// - **A heap's free top kept until the periodic trim** ([`trim_freed_memory`]). Setting the
 ///   mmap threshold also fixes the threshold at which `free` shrinks a heap at its default,
-///   128 KiB, instead of letting it follow the threshold up; at that setting a heap shrank
-///   and grew back over and over under load: `changes?after=` pages fell from 12.5k to 9.5k
-///   requests/s, fan-out at 1,000 subscribers from 37.8k to 33.5k deliveries/s. 64 MiB
-///   leaves handing memory back to the trim alone.
+///   128 KiB, where it used to follow the mmap threshold up; a heap could then shrink and
+///   grow back again and again under load. 64 MiB leaves handing memory back to the trim
+///   alone. (In one benchmark run with 128 KiB, `changes?after=` pages and fan-out were
+///   10–25% below the old binary's; in one with 64 MiB, above it. Runs here vary by as
+///   much, so this is a precaution, not a measured gain.)
 pub fn tune_malloc() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
