@@ -10,7 +10,8 @@
 //! - A recorded state is never ahead of what was delivered (workers record after the 2xx), so
 //!   the stored cursor lags the truth by at most [`EVERY`] plus one write: a crash redelivers
 //!   the last few notifications, which at-least-once delivery allows.
-//! - Readers see the newest state: [`Progress::latest`] looks in memory before the store.
+//! - Readers see the newest state: [`Progress::latest`] looks in memory before the store,
+//!   including at the states of a batch being written, until the store holds them.
 //! - On shutdown the hub calls [`Progress::close`] after the workers stopped and before the
 //!   store closes, so a clean stop redelivers nothing.
 //! - A forgotten subscription's state is never written after [`Progress::forget`] returns.
@@ -30,24 +31,40 @@ pub const EVERY: Duration = Duration::from_millis(50);
 /// The delivery states not yet written (see the module docs).
 #[derive(Default)]
 pub struct Progress {
-    dirty: Mutex<HashMap<String, DeliveryState>>,
+    states: Mutex<States>,
     wake: Notify,
     /// Held while a batch is being written.
     writing: tokio::sync::Mutex<()>,
     closed: CancellationToken,
 }
 
+/// The states that readers must take from memory.
+#[derive(Default)]
+struct States {
+    /// Recorded since the last batch was taken.
+    dirty: HashMap<String, DeliveryState>,
+    /// The batch being written: the store may not hold it yet.
+    writing: HashMap<String, DeliveryState>,
+}
+
+impl States {
+    fn newest(&self, id: &str) -> Option<&DeliveryState> {
+        self.dirty.get(id).or_else(|| self.writing.get(id))
+    }
+}
+
 impl Progress {
     /// Keeps `state` as subscription `id`'s newest; written within [`EVERY`].
     pub fn record(&self, id: &str, state: &DeliveryState) {
-        let mut dirty = self.lock();
+        let mut states = self.lock();
+        let dirty = &mut states.dirty;
         match dirty.get_mut(id) {
             Some(old) => old.clone_from(state),
             None => {
                 dirty.insert(id.to_string(), state.clone());
             }
         }
-        drop(dirty);
+        drop(states);
         self.wake.notify_one();
     }
 
@@ -57,7 +74,7 @@ impl Progress {
         store: &dyn Store,
         id: &str,
     ) -> Result<Option<DeliveryState>, StoreError> {
-        if let Some(state) = self.lock().get(id) {
+        if let Some(state) = self.lock().newest(id) {
             return Ok(Some(state.clone()));
         }
         store.delivery(id).await
@@ -73,11 +90,11 @@ impl Progress {
         ids: &[String],
     ) -> Result<HashMap<String, DeliveryState>, StoreError> {
         let (mut states, missing) = {
-            let dirty = self.lock();
+            let newest = self.lock();
             let mut states = HashMap::with_capacity(ids.len());
             let mut missing = Vec::new();
             for id in ids {
-                match dirty.get(id) {
+                match newest.newest(id) {
                     Some(state) => {
                         states.insert(id.clone(), state.clone());
                     }
@@ -98,7 +115,7 @@ impl Progress {
     /// Drops subscription `id`'s unwritten state and waits for a write under way, so that
     /// nothing of it is written after this returns (call it before deleting the subscription).
     pub async fn forget(&self, id: &str) {
-        self.lock().remove(id);
+        self.lock().dirty.remove(id);
         drop(self.writing.lock().await);
     }
 
@@ -129,26 +146,33 @@ impl Progress {
     /// ones were recorded meanwhile) and tried again with the next batch.
     pub async fn write(&self, store: &dyn Store) {
         let _writing = self.writing.lock().await;
-        let batch: Vec<(String, DeliveryState)> =
-            std::mem::take(&mut *self.lock()).into_iter().collect();
+        let batch: Vec<(String, DeliveryState)> = {
+            let mut states = self.lock();
+            let taken = std::mem::take(&mut states.dirty);
+            // Readers keep seeing these until the store holds them.
+            states.writing = taken.clone();
+            taken.into_iter().collect()
+        };
         if batch.is_empty() {
             return;
         }
-        if let Err(e) = store.put_deliveries(&batch).await {
+        let written = store.put_deliveries(&batch).await;
+        let mut states = self.lock();
+        states.writing.clear();
+        if let Err(e) = written {
             if !e.logged_by_store() {
                 tracing::warn!(error = %e, states = batch.len(), "cannot save delivery state; retrying");
             }
-            let mut dirty = self.lock();
             for (id, state) in batch {
-                dirty.entry(id).or_insert(state);
+                states.dirty.entry(id).or_insert(state);
             }
-            drop(dirty);
+            drop(states);
             self.wake.notify_one();
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, DeliveryState>> {
-        self.dirty.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, States> {
+        self.states.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -157,6 +181,7 @@ mod tests {
     use super::*;
     use crate::model::{Algorithm, Subscription};
     use crate::store::embedded::EmbeddedStore;
+    use std::sync::Arc;
     use time::OffsetDateTime;
 
     fn state(cursor: u64) -> DeliveryState {
@@ -235,5 +260,43 @@ mod tests {
             [("a".into(), 1), ("b".into(), 20), ("c".into(), 30)],
             "stored a, recorded b (newer than stored) and c, nothing for d"
         );
+    }
+
+    /// While a batch is being written, readers see its states, not the older ones the store
+    /// still holds (before, the batch left memory when the write began: the metrics showed a
+    /// failing subscription as delivering for the length of a commit).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_state_being_written_is_still_read_as_the_newest() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(EmbeddedStore::open(dir.path()).unwrap());
+        let sub = subscription("sub-1");
+        store.put_subscription(&sub).await.unwrap();
+        let progress = Arc::new(Progress::default());
+        let ids = [sub.id.clone()];
+        let mut reads_during_writes = 0;
+        for cursor in 1..=40 {
+            progress.record(&sub.id, &state(cursor));
+            let writer = tokio::spawn({
+                let (progress, store) = (progress.clone(), store.clone());
+                async move { progress.write(store.as_ref()).await }
+            });
+            loop {
+                let done = writer.is_finished();
+                let one = progress.latest(store.as_ref(), &sub.id).await.unwrap();
+                assert_eq!(
+                    one.map(|s| s.cursor),
+                    Some(cursor),
+                    "latest, write {cursor}"
+                );
+                let many = progress.latest_of(store.as_ref(), "c", &ids).await.unwrap();
+                assert_eq!(many.get(&sub.id).map(|s| s.cursor), Some(cursor));
+                if done {
+                    break;
+                }
+                reads_during_writes += 1;
+            }
+            writer.await.unwrap();
+        }
+        assert!(reads_during_writes > 0, "no read overlapped a write");
     }
 }
