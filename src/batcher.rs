@@ -136,12 +136,10 @@ pub struct ChannelFeed {
     pages: Option<Arc<PageCache>>,
 }
 
-/// A feed's recent notifications (see [`RECENT_MAX`]), and their memory, counted in the budget
+/// A feed's recent notifications (see [`RECENT_MAX`]), their memory counted in the budget
 /// too (and given back when the feed goes).
 struct Recent {
     list: VecDeque<Arc<Notification>>,
-    /// [`Notification::memory`] of those in `list` (the same each time: they do not change).
-    bytes: usize,
     budget: Arc<RecentBudget>,
 }
 
@@ -149,7 +147,6 @@ impl Recent {
     fn new(budget: Arc<RecentBudget>) -> Recent {
         Recent {
             list: VecDeque::new(),
-            bytes: 0,
             budget,
         }
     }
@@ -161,9 +158,7 @@ impl Recent {
         if self.list.back().is_some_and(|last| last.first >= n.first) {
             while self.pop() {}
         }
-        let size = n.memory();
-        self.bytes += size;
-        self.budget.used.fetch_add(size, Ordering::Relaxed);
+        self.budget.used.fetch_add(n.memory(), Ordering::Relaxed);
         self.list.push_back(n);
         while self.list.len() > 1 && (self.budget.over() || self.list.len() > RECENT_MAX) {
             self.pop();
@@ -175,9 +170,8 @@ impl Recent {
         let Some(old) = self.list.pop_front() else {
             return false;
         };
-        let size = old.memory();
-        self.bytes -= size;
-        self.budget.used.fetch_sub(size, Ordering::Relaxed);
+        // The same figure as when it came: a kept notification does not change.
+        self.budget.used.fetch_sub(old.memory(), Ordering::Relaxed);
         true
     }
 
@@ -189,7 +183,7 @@ impl Recent {
 
 impl Drop for Recent {
     fn drop(&mut self) {
-        self.budget.used.fetch_sub(self.bytes, Ordering::Relaxed);
+        while self.pop() {}
     }
 }
 

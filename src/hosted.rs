@@ -48,27 +48,16 @@ pub struct Hosted {
     recent: Arc<RecentBudget>,
 }
 
-impl Default for Hosted {
-    /// No channels, no page entries written, and 4 MiB of recent notifications.
-    fn default() -> Hosted {
-        Hosted {
-            channels: RwLock::default(),
-            internal: RwLock::default(),
-            pages: None,
-            recent: RecentBudget::new(4 << 20),
-        }
-    }
-}
-
 impl Hosted {
     /// No channels yet; the feeds of hosted channels will write the blocks of page entries
     /// they complete to `pages`, and all feeds keep at most `recent` bytes of recent
     /// notifications together.
     pub fn with_pages(pages: Arc<PageCache>, recent: usize) -> Hosted {
         Hosted {
+            channels: RwLock::default(),
+            internal: RwLock::default(),
             pages: Some(pages),
             recent: RecentBudget::new(recent),
-            ..Hosted::default()
         }
     }
 
