@@ -68,11 +68,16 @@ pub fn render_notification(
     };
     // The internal channel of a channel's Change Dumps announces dumps with Change Dump
     // documents.
-    let body = if crate::dumps::source_of(channel).is_some() {
-        Bytes::from(crate::dumps::render(config, channel, epoch, &changes))
+    let mut body = if crate::dumps::source_of(channel).is_some() {
+        crate::dumps::render(config, channel, epoch, &changes)
     } else {
-        Bytes::from(resourcesync::write_change_list(&header, &changes))
+        resourcesync::write_change_list(&header, &changes)
     };
+    // The writer reserves a generous estimate; a kept notification counts its body's length
+    // toward the recent budget, so it must not hold more than that. (glibc shrinks a block
+    // in place, without a copy.)
+    body.shrink_to_fit();
+    let body = Bytes::from(body);
     Notification {
         channel: channel.to_string(),
         first,
@@ -551,6 +556,30 @@ mod tests {
             c.push(Arc::new(notification(first, first, 10)));
         }
         assert_eq!(c.list.len(), RECENT_MAX);
+    }
+
+    #[test]
+    fn a_rendered_notification_holds_no_more_memory_than_its_body_counts() {
+        let config = Config::new(([127, 0, 0, 1], 0).into(), "unused".into());
+        let at = time::OffsetDateTime::UNIX_EPOCH;
+        let changes = (1..=100)
+            .map(|seq| {
+                let loc = format!("http://example.com/resource/{seq}");
+                let new = crate::model::NewChange::new(loc, crate::model::ChangeType::Updated);
+                Change::from_new(seq, new, at)
+            })
+            .collect();
+        let n = render_notification(&config, "c", "e", changes);
+        let len = n.body.len();
+        let body = n
+            .body
+            .try_into_mut()
+            .expect("the only reference to the body");
+        assert_eq!(
+            body.capacity(),
+            len,
+            "no spare capacity beyond what is counted"
+        );
     }
 
     #[test]
