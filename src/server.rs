@@ -55,7 +55,9 @@ pub fn open_store(config: &Config) -> Result<Arc<dyn Store>, Error> {
 ///   (runtime workers, the delivery runtime, the store's writer, blocking reads); each can get
 ///   an arena of its own, and memory freed in one arena is not reused by the threads of
 ///   another, so a long-running hub's resident memory kept growing with memory it had freed
-///   (the steady run of `docs/performance.md`).
+///   (the steady run of `docs/performance.md`). Fewer arenas save more memory but cost
+///   speed: on 2 CPUs, one arena took the steady run's peak from 106 to 94 MiB and ingest
+///   down by about a third; two (one per CPU), 102 MiB and ingest down by 13–27%.
 /// - **Blocks of 1 MiB and more mapped on their own** and handed back when freed. glibc's
 ///   default threshold starts at 128 KiB and rises to the size of each mapped block freed, up
 ///   to 32 MiB; after the first large document, every later one was taken from the arenas,
