@@ -115,8 +115,16 @@ impl Progress {
     /// Drops subscription `id`'s unwritten state and waits for a write under way, so that
     /// nothing of it is written after this returns (call it before deleting the subscription).
     pub async fn forget(&self, id: &str) {
-        self.lock().dirty.remove(id);
+        self.drop_state(id);
         drop(self.writing.lock().await);
+    }
+
+    /// Drops `id`'s state from memory, the batch being written included: should that write
+    /// fail, [`Progress::written`] puts back only what is left of the batch.
+    fn drop_state(&self, id: &str) {
+        let mut states = self.lock();
+        states.dirty.remove(id);
+        states.writing.remove(id);
     }
 
     /// Writes what is recorded every [`EVERY`] until [`Progress::close`], or until the
@@ -146,20 +154,27 @@ impl Progress {
     /// ones were recorded meanwhile) and tried again with the next batch.
     pub async fn write(&self, store: &dyn Store) {
         let _writing = self.writing.lock().await;
-        let batch: Vec<(String, DeliveryState)> = {
-            let mut states = self.lock();
-            let taken = std::mem::take(&mut states.dirty);
-            // Readers keep seeing these until the store holds them.
-            states.writing = taken.clone();
-            taken.into_iter().collect()
-        };
+        let batch = self.take_batch();
         if batch.is_empty() {
             return;
         }
-        let written = store.put_deliveries(&batch).await;
+        self.written(store.put_deliveries(&batch).await);
+    }
+
+    /// Takes every recorded state for a write; readers keep seeing them until it ends.
+    fn take_batch(&self) -> Vec<(String, DeliveryState)> {
         let mut states = self.lock();
-        states.writing.clear();
-        if let Err(e) = written {
+        let taken = std::mem::take(&mut states.dirty);
+        states.writing = taken.clone();
+        taken.into_iter().collect()
+    }
+
+    /// Ends the write of the batch taken last. On failure its states go back to be written
+    /// with the next batch, save those recorded anew meanwhile (newer) and those forgotten.
+    fn written(&self, result: Result<(), StoreError>) {
+        let mut states = self.lock();
+        let batch = std::mem::take(&mut states.writing);
+        if let Err(e) = result {
             if !e.logged_by_store() {
                 tracing::warn!(error = %e, states = batch.len(), "cannot save delivery state; retrying");
             }
@@ -235,6 +250,28 @@ mod tests {
         progress.record(&sub.id, &state(10));
         progress.write(&store).await;
         assert_eq!(store.delivery(&sub.id).await.unwrap(), None);
+    }
+
+    /// A subscription forgotten while a write holds its state is not written by the next one
+    /// when that write fails (before, the failed batch went back whole, the forgotten state
+    /// with it).
+    #[test]
+    fn a_state_forgotten_during_a_write_that_fails_is_not_kept_for_the_next() {
+        let progress = Progress::default();
+        progress.record("gone", &state(3));
+        progress.record("kept", &state(4));
+        assert_eq!(progress.take_batch().len(), 2);
+        // What `forget` does before it waits for the write to end.
+        progress.drop_state("gone");
+        progress.written(Err(StoreError::Unavailable("test".into())));
+        let states = progress.lock();
+        assert_eq!(states.dirty.get("gone"), None, "forgotten, then put back");
+        assert_eq!(
+            states.dirty.get("kept"),
+            Some(&state(4)),
+            "to be tried again"
+        );
+        assert!(states.writing.is_empty());
     }
 
     #[tokio::test]
