@@ -14,6 +14,8 @@
 //! - `BENCH_ONLY`: some of `fanout,callback,ingest,documents,websockets,steady` (default: all
 //!   but `steady`, which runs only when named: it takes 10 minutes, 20 with a before binary).
 //! - `BENCH_VERBOSE`: print every wrk output.
+//! - `BENCH_SUBSCRIBERS`: the fan-out figure at these counts only (e.g. `100,1000`; for
+//!   profiling one of them).
 //!
 //! The hub runs as its own process (`changehub serve`, embedded store in a temporary folder,
 //! or `--redis` on a private redis-server), as it does in production; so do the baselines:
@@ -577,6 +579,17 @@ async fn fanout(ctx: &mut Ctx) {
     let mut counts: Vec<usize> = [1, 100, 1000, 5000].iter().map(|&n| scale(n)).collect();
     if scale_f() >= 1.0 {
         counts.push(10_000);
+    }
+    if let Ok(only) = std::env::var("BENCH_SUBSCRIBERS") {
+        counts = only
+            .split(',')
+            .map(|n| {
+                n.trim()
+                    .parse()
+                    .expect("BENCH_SUBSCRIBERS: counts, comma-separated")
+            })
+            .collect();
+        counts.sort_unstable();
     }
     counts.dedup();
     let mut runs = Vec::new();
