@@ -293,7 +293,15 @@ pub(super) async fn range(
     Ok(out)
 }
 
+/// The head of `channel`, from a read sent after this call began (see `head_reads.rs`).
 pub(super) async fn head(store: &RedisStore, channel: &str) -> Result<ChannelHead, StoreError> {
+    store
+        .head_reads
+        .head(channel, || read_head(store, channel))
+        .await
+}
+
+async fn read_head(store: &RedisStore, channel: &str) -> Result<ChannelHead, StoreError> {
     let mut conn = store.conn();
     let (oldest, last): (Option<u64>, Option<u64>) = timed(
         redis::cmd("HMGET")

@@ -3,7 +3,7 @@
 //!
 //! Files: `conn` (the `--redis` URL and the command connection), `log` (append, read,
 //! head, trim), `group` (group commit: one append script call per channel at a time, for all
-//! the appends waiting), `index` (the resource index), `feedsync` (the FeedSync items), `subscriptions` (subscriptions and delivery state), `leases` (channel
+//! the appends waiting), `head_reads` (one head read shared by the requests that wait for it), `index` (the resource index), `feedsync` (the FeedSync items), `subscriptions` (subscriptions and delivery state), `leases` (channel
 //! ownership), `events` (pub/sub between instances); the Lua scripts are in `scripts/`.
 //!
 //! Key layout — every key of channel `c` carries the hash tag `{c}`, so that all of them live
@@ -81,6 +81,7 @@ mod conn;
 mod events;
 mod feedsync;
 mod group;
+mod head_reads;
 mod index;
 mod leases;
 mod log;
@@ -189,6 +190,8 @@ pub struct RedisStore {
     appends: Arc<group::Appends>,
     /// Stops the listener task (and the writers of appends) when the store goes away.
     stop: CancellationToken,
+    /// Head reads shared by the requests that want one at the same time.
+    head_reads: head_reads::HeadReads,
 }
 
 impl Drop for RedisStore {
@@ -231,6 +234,7 @@ impl RedisStore {
             scripts: Scripts::load(),
             appends,
             stop,
+            head_reads: head_reads::HeadReads::default(),
         })
     }
 
@@ -338,6 +342,7 @@ impl Store for RedisStore {
     }
 
     async fn delete_channel(&self, name: &str) -> Result<bool, StoreError> {
+        self.head_reads.forget(name);
         subscriptions::delete_channel(self, name).await
     }
 

@@ -1,0 +1,174 @@
+//! Reads of a channel's head shared by the requests that want it at the same time.
+//!
+//! Every topic `GET` and `changes?after=` page needs the channel's head: one `HMGET` round
+//! trip, which under load costs the hub and Redis more than serving the rendered document does.
+//! So the requests of one channel take turns: one read at a time is in flight, and a request
+//! that comes while it is takes the *next* read, which one of the requests that waited makes
+//! for all of them.
+//!
+//! Invariant (read your writes): a request is only ever answered by a read that was sent after
+//! it came, so it sees every append acknowledged before it asked, by this instance or any
+//! other. A read that was already on its way when the request came is never reused for it.
+//!
+//! A request that is dropped while it reads (a client gone, a deadline) lets the next waiting
+//! request make its own read; nothing is stored for it.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::store::{ChannelHead, StoreError};
+
+/// The shared head reads of every channel this process has read.
+#[derive(Default)]
+pub(super) struct HeadReads {
+    channels: Mutex<HashMap<String, Arc<Turns>>>,
+}
+
+/// One channel's turns.
+#[derive(Default)]
+struct Turns {
+    /// How many reads have been sent (the number of the newest).
+    sent: AtomicU64,
+    /// Held while a read is in flight; holds the newest finished read and its number. Fair
+    /// (first come, first served), so a waiting request is never overtaken for long.
+    last: tokio::sync::Mutex<Option<(u64, Result<ChannelHead, StoreError>)>>,
+}
+
+impl HeadReads {
+    /// `channel`'s head: from a read sent after this call began, made by `read` unless another
+    /// request's read serves.
+    pub(super) async fn head<F, Fut>(
+        &self,
+        channel: &str,
+        read: F,
+    ) -> Result<ChannelHead, StoreError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<ChannelHead, StoreError>>,
+    {
+        let turns = self.turns(channel);
+        // Any read numbered above this one was sent after now.
+        let came = turns.sent.load(Ordering::SeqCst);
+        let mut last = turns.last.lock().await;
+        if let Some((number, result)) = last.as_ref() {
+            if *number > came {
+                return result.clone();
+            }
+        }
+        let number = turns.sent.fetch_add(1, Ordering::SeqCst) + 1;
+        let result = read().await;
+        *last = Some((number, result.clone()));
+        result
+    }
+
+    fn turns(&self, channel: &str) -> Arc<Turns> {
+        let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
+        match channels.get(channel) {
+            Some(turns) => turns.clone(),
+            None => {
+                let turns = Arc::new(Turns::default());
+                channels.insert(channel.to_string(), turns.clone());
+                turns
+            }
+        }
+    }
+
+    /// Forgets `channel` (deleted): its next read starts afresh.
+    pub(super) fn forget(&self, channel: &str) {
+        let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
+        channels.remove(channel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+    use std::time::Duration;
+    use tokio::sync::oneshot;
+
+    fn head(last: u64) -> ChannelHead {
+        ChannelHead { oldest: 1, last }
+    }
+
+    /// A request that comes while a read is in flight is not answered by it: it gets a later
+    /// read (here the value "written" after the first read was sent), which the requests that
+    /// came meanwhile share.
+    #[tokio::test]
+    async fn a_request_takes_only_a_read_sent_after_it_came_and_those_waiting_share_one() {
+        let reads = Arc::new(HeadReads::default());
+        let sent = Arc::new(AtomicU64::new(0));
+        // The value Redis holds; the first read sees 1 and is held until released.
+        let value = Arc::new(AtomicU64::new(1));
+        let (release, released) = oneshot::channel::<()>();
+        let first = tokio::spawn({
+            let (reads, sent, value) = (reads.clone(), sent.clone(), value.clone());
+            async move {
+                reads
+                    .head("c", || async move {
+                        sent.fetch_add(1, Ordering::SeqCst);
+                        let seen = value.load(Ordering::SeqCst);
+                        released.await.ok();
+                        Ok(head(seen))
+                    })
+                    .await
+            }
+        });
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while sent.load(Ordering::SeqCst) == 0 {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the first read is sent");
+        // An append is acknowledged after the first read was sent; then more requests come.
+        value.store(2, Ordering::SeqCst);
+        let later: Vec<_> = (0..5)
+            .map(|_| {
+                let (reads, sent, value) = (reads.clone(), sent.clone(), value.clone());
+                tokio::spawn(async move {
+                    reads
+                        .head("c", || async move {
+                            sent.fetch_add(1, Ordering::SeqCst);
+                            Ok(head(value.load(Ordering::SeqCst)))
+                        })
+                        .await
+                })
+            })
+            .collect();
+        // On this one-thread runtime, each yield lets every spawned request run until it waits.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        release.send(()).unwrap();
+        assert_eq!(first.await.unwrap().unwrap(), head(1));
+        for request in later {
+            assert_eq!(
+                request.await.unwrap().unwrap(),
+                head(2),
+                "a request must see the append acknowledged before it came"
+            );
+        }
+        assert_eq!(
+            sent.load(Ordering::SeqCst),
+            2,
+            "the five later requests share one read"
+        );
+    }
+
+    /// A read that fails answers its waiters with the error; the next request reads again.
+    #[tokio::test]
+    async fn a_failed_read_is_not_kept() {
+        let reads = HeadReads::default();
+        let failed = reads
+            .head("c", || async {
+                Err(StoreError::Unavailable("down".into()))
+            })
+            .await;
+        assert!(matches!(failed, Err(StoreError::Unavailable(_))));
+        let again = reads.head("c", || async { Ok(head(7)) }).await;
+        assert_eq!(again.unwrap(), head(7));
+    }
+}
