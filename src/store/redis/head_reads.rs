@@ -15,8 +15,8 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
+use tokio::sync::Notify;
 
 use crate::store::{ChannelHead, StoreError};
 
@@ -29,11 +29,44 @@ pub(super) struct HeadReads {
 /// One channel's turns.
 #[derive(Default)]
 struct Turns {
+    state: Mutex<State>,
+    /// Told when a read ends (or its request is dropped): every waiting request looks again.
+    ended: Notify,
+}
+
+#[derive(Default)]
+struct State {
     /// How many reads have been sent (the number of the newest).
-    sent: AtomicU64,
-    /// Held while a read is in flight; holds the newest finished read and its number. Fair
-    /// (first come, first served), so a waiting request is never overtaken for long.
-    last: tokio::sync::Mutex<Option<(u64, Result<ChannelHead, StoreError>)>>,
+    sent: u64,
+    /// A read is in flight.
+    reading: bool,
+    /// The newest finished read: its number and what it gave.
+    last: Option<(u64, Result<ChannelHead, StoreError>)>,
+}
+
+impl Turns {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Ends the read in flight: with its result when it finished, without one when its request
+/// was dropped (then a waiting request sends the next).
+struct Reading<'a> {
+    turns: &'a Turns,
+    finished: Option<(u64, Result<ChannelHead, StoreError>)>,
+}
+
+impl Drop for Reading<'_> {
+    fn drop(&mut self) {
+        let mut state = self.turns.lock();
+        state.reading = false;
+        if let Some(finished) = self.finished.take() {
+            state.last = Some(finished);
+        }
+        drop(state);
+        self.turns.ended.notify_waiters();
+    }
 }
 
 impl HeadReads {
@@ -49,17 +82,34 @@ impl HeadReads {
         Fut: Future<Output = Result<ChannelHead, StoreError>>,
     {
         let turns = self.turns(channel);
-        // Any read numbered above this one was sent after now.
-        let came = turns.sent.load(Ordering::SeqCst);
-        let mut last = turns.last.lock().await;
-        if let Some((number, result)) = last.as_ref() {
-            if *number > came {
-                return result.clone();
+        // Any read numbered above this one is sent after now.
+        let came = turns.lock().sent;
+        let number = loop {
+            // Registered before looking, so that an end between the look and the wait is seen.
+            let ended = turns.ended.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            {
+                let mut state = turns.lock();
+                if let Some((number, result)) = &state.last {
+                    if *number > came {
+                        return result.clone();
+                    }
+                }
+                if !state.reading {
+                    state.reading = true;
+                    state.sent += 1;
+                    break state.sent;
+                }
             }
-        }
-        let number = turns.sent.fetch_add(1, Ordering::SeqCst) + 1;
+            ended.await;
+        };
+        let mut reading = Reading {
+            turns: &turns,
+            finished: None,
+        };
         let result = read().await;
-        *last = Some((number, result.clone()));
+        reading.finished = Some((number, result.clone()));
         result
     }
 
@@ -85,7 +135,7 @@ impl HeadReads {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicU64;
+    use std::sync::atomic::{AtomicU64, Ordering};
     use std::time::Duration;
     use tokio::sync::oneshot;
 
@@ -156,6 +206,39 @@ mod tests {
             2,
             "the five later requests share one read"
         );
+    }
+
+    /// The request whose read is in flight is dropped: a request waiting for the next read
+    /// makes it instead of waiting for ever.
+    #[tokio::test]
+    async fn a_dropped_reader_hands_its_turn_on() {
+        let reads = Arc::new(HeadReads::default());
+        let (sent_tx, sent_rx) = oneshot::channel::<()>();
+        let stuck = tokio::spawn({
+            let reads = reads.clone();
+            async move {
+                reads
+                    .head("c", || async move {
+                        sent_tx.send(()).ok();
+                        std::future::pending().await
+                    })
+                    .await
+            }
+        });
+        sent_rx.await.unwrap();
+        let waiting = tokio::spawn({
+            let reads = reads.clone();
+            async move { reads.head("c", || async { Ok(head(5)) }).await }
+        });
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!waiting.is_finished(), "waits for the read in flight");
+        stuck.abort();
+        let got = tokio::time::timeout(Duration::from_secs(10), waiting)
+            .await
+            .expect("the waiting request reads once the reader is gone");
+        assert_eq!(got.unwrap().unwrap(), head(5));
     }
 
     /// A read that fails answers its waiters with the error; the next request reads again.
