@@ -32,7 +32,8 @@
 //!    delivery running.
 //! 3. **202 → callback p99** at linger 0 and 100 ms, on a receiver inside the bench.
 //! 4. **Ingest**: 1,000-change requests (wrk -c8) against `redis-benchmark -P 100 XADD` on the
-//!    same private redis; 1-change requests (wrk -c64) against nginx answering 202.
+//!    same private redis; 1-change requests (wrk -c64) against nginx answering 202. Each rate
+//!    on a fresh hub, after 1 s of the same load that is not counted.
 //! 5. **Catch-up documents** at 10⁵ retained on both stores: the topic (also gzip), a closed
 //!    list and `changes?after=` pages of 1,000 (random `after`), each against nginx serving the
 //!    same bytes as a static file (wrk -c8).
