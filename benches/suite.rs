@@ -1109,11 +1109,12 @@ async fn ingest(ctx: &mut Ctx) {
     ctx.report.note(format!(
         "**4. Ingest**: a fresh hub on an empty store for each of (a) and (b) and each store \
          (defaults: `--max-batch 1000 --linger 100ms`; Redis: `--redis` on the bench's private \
-         redis-server, `--save \"\" --appendonly no`, flushed before and after). Every rate, \
-         the baselines' too, is measured after {w} s of the same load that is not counted. (a) `wrk -c8 -t2 -d{s}s` POSTing a JSON array of 1,000 \
-         changes with the publisher token; changes/s = 2xx/s × 1,000. Baseline: \
-         `redis-benchmark -P 100 -n {} XADD bench-stream '*' f v` on the same redis-server, \
-         ops/s. (b) `wrk -c64 -t2 -d{s}s` POSTing one change; baseline: the same wrk and \
+         redis-server, `--save \"\" --appendonly no`, flushed before and after). Every wrk \
+         rate, the hub's, nginx's and the minimal server's, is measured after {w} s of the \
+         same load that is not counted (`redis-benchmark` is not warmed up). (a) `wrk -c8 -t2 \
+         -d{s}s` POSTing a JSON array of 1,000 changes with the publisher token; changes/s = \
+         2xx/s × 1,000. Baseline: `redis-benchmark -P 100 -n {} XADD bench-stream '*' f v` \
+         on the same redis-server, ops/s. (b) `wrk -c64 -t2 -d{s}s` POSTing one change; baseline: the same wrk and \
          script against nginx answering 202 to the same path. The row \"minimal axum server\" is \
          the web framework's floor, measured the same way: axum on tokio, as in the hub, \
          answering 202 with a small JSON body once the body is read (this bench binary as a \
