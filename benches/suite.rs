@@ -4,8 +4,11 @@
 //!
 //! Run: `bash scripts/bench.sh` (installs nginx, wrk and redis when missing, raises the
 //! open-file limit, then `cargo bench --bench suite`). Environment:
-//! - `BENCH_SCALE` (default 1): counts and durations times this (`0.1` for a quick check);
-//!   10 adds 10⁷ retained changes to the cost-growth table.
+//! - `BENCH_SCALE` (default 1): counts and durations times this (`0.1` for a quick check).
+//! - `BENCH_RETAINED`: the largest retained level of the documents figure (default 10⁶ times
+//!   `BENCH_SCALE`); `10000000` adds 10⁷ (and every power of ten between) to the cost-growth
+//!   table. The fill takes a few minutes per store and ~15 GB of disk (embedded) or of Redis
+//!   memory at 10⁷.
 //! - `BENCH_HUB_BIN`: the hub binary under test (default: this package's release binary).
 //! - `BENCH_BEFORE_BIN`: an older `changehub` binary; every hub figure is measured for it too,
 //!   in the same run, and the table gets before columns.
@@ -72,6 +75,12 @@ const DELIVERIES: usize = 150_000;
 const PROBE_SUBSCRIBERS: usize = 1000;
 /// The topic's entries on top of each retained level (a list closes every 10,000).
 const OPEN: u64 = 5_000;
+/// The hub's `--page-files-size` when none is given.
+const DEFAULT_PAGE_FILES_MIB: u64 = 2048;
+/// Disk the block files of `changes?after=` pages take per change of this benchmark (about
+/// 310 bytes), with room to spare: `--page-files-size` for the documents figure's largest
+/// level, when the default is smaller.
+const PAGE_FILE_BYTES_PER_CHANGE: u64 = 400;
 
 fn scale_f() -> f64 {
     std::env::var("BENCH_SCALE")
@@ -1146,20 +1155,18 @@ struct Documents {
     levels: Vec<Level>,
 }
 
-/// Appends changes in 1,000-change requests, 8 at a time, until the head is `to`.
+/// Appends changes in 1,000-change requests, 8 at a time, until the head is `to`; returns
+/// the last request's body.
 async fn fill(hub: &Hub, from: u64, to: u64) -> Bytes {
     let mut last_body = Bytes::new();
-    let bodies: Vec<Bytes> = (from..to)
-        .step_by(1000)
-        .map(|start| changes_body((to - start).min(1000) as usize))
-        .collect();
-    if let Some(b) = bodies.last() {
-        last_body = b.clone();
-    }
-    futures_util::stream::iter(bodies)
-        .map(|b| hub.post_changes("bench", b))
+    futures_util::stream::iter((from..to).step_by(1000))
+        .map(|start| {
+            let body = changes_body((to - start).min(1000) as usize);
+            last_body = body.clone();
+            hub.post_changes("bench", body)
+        })
         .buffer_unordered(8)
-        .collect::<Vec<_>>()
+        .for_each(|_| async {})
         .await;
     last_body
 }
@@ -1190,8 +1197,13 @@ async fn documents_run(
     if redis {
         ctx.redis.flush().await;
     }
+    // Block files for every page of the largest level, when the default is too small for it
+    // (about 310 bytes per change of this benchmark; docs/cli.md, `--page-files-size`).
+    let largest = levels.iter().max().copied().unwrap_or(0);
+    let page_files_mib = (largest * PAGE_FILE_BYTES_PER_CHANGE) >> 20;
     let opts = HubOpts {
         redis: redis.then(|| ctx.redis.url.clone()),
+        page_files_mib: (page_files_mib > DEFAULT_PAGE_FILES_MIB).then_some(page_files_mib),
         ..HubOpts::default()
     };
     let hub = Hub::start(bin, &opts).await;
@@ -1202,6 +1214,7 @@ async fn documents_run(
     for &n in levels {
         progress(&format!("documents ({tag}): filling to {n}"));
         let last = fill(&hub, head, n).await;
+        let head_before = head;
         head = n;
         // The topic holds the last change once it is published.
         let last: serde_json::Value = serde_json::from_slice(&last).unwrap();
@@ -1209,9 +1222,11 @@ async fn documents_run(
             .as_str()
             .unwrap()
             .to_string();
+        // A minute more per million changes for the hub to digest a large fill.
+        let digest = Duration::from_secs(60 * (n - head_before) / 1_000_000);
         let topic = procs::poll(
             "the topic to show the last change",
-            Duration::from_secs(60),
+            Duration::from_secs(60) + digest,
             Duration::from_millis(50),
             || async {
                 let t = hub.get(topic_path, &[]).await;
@@ -1223,7 +1238,7 @@ async fn documents_run(
         // machine, on Redis most; what is retained is measured, not the digestion of a burst).
         procs::poll(
             "the hub to publish every change",
-            Duration::from_secs(120),
+            Duration::from_secs(120) + digest,
             Duration::from_millis(50),
             || async {
                 let channels: serde_json::Value =
@@ -1344,12 +1359,20 @@ async fn documents_run(
 
 async fn documents(ctx: &mut Ctx) {
     let main = scale(100_000) as u64 + OPEN;
-    let mut levels = vec![1_000, main, scale(1_000_000) as u64 + OPEN];
-    if scale_f() >= 10.0 {
-        levels.push(10_000_000 + OPEN);
+    let mut levels = vec![1_000, main];
+    let largest = std::env::var("BENCH_RETAINED")
+        .ok()
+        .and_then(|v| v.replace([',', '_'], "").parse().ok())
+        .unwrap_or(scale(1_000_000) as u64);
+    let mut n = 1_000_000;
+    while n < largest {
+        levels.push(n + OPEN);
+        n *= 10;
     }
+    levels.push(largest + OPEN);
     levels.sort();
     levels.dedup();
+    let largest = levels.last().copied().unwrap_or(0);
     let mut rss_rows = Vec::new();
     for (redis, store) in [(false, "embedded"), (true, "Redis")] {
         let mut runs = Vec::new();
@@ -1463,13 +1486,25 @@ async fn documents(ctx: &mut Ctx) {
          nginx serving the bytes the hub served (a page: the one at the middle of the log; \
          gzip: the hub's gzip bytes with `Content-Encoding: gzip`) as a static file, same wrk. \
          **6. RSS at N retained**: VmRSS of the hub after those runs; baseline: right after \
-         it started, empty.",
+         it started, empty.{}",
         count(OPEN),
         count(OPEN),
         secs(3),
         secs(2),
         count(main),
-        count(main)
+        count(main),
+        match (largest * PAGE_FILE_BYTES_PER_CHANGE) >> 20 {
+            mib if mib > DEFAULT_PAGE_FILES_MIB => format!(
+                " The block files of {} changes' pages do not fit the default \
+                 `--page-files-size` ({} MiB): the hubs of this figure ran with `--page-files-size {}` \
+                 ({} bytes per change of the largest level).",
+                count(largest),
+                count(DEFAULT_PAGE_FILES_MIB),
+                mib,
+                PAGE_FILE_BYTES_PER_CHANGE
+            ),
+            _ => String::new(),
+        }
     ));
 }
 
@@ -2176,6 +2211,8 @@ fn main() {
         for var in [
             "BENCH_SCALE",
             "BENCH_ONLY",
+            "BENCH_RETAINED",
+            "BENCH_SUBSCRIBERS",
             "BENCH_HUB_BIN",
             "BENCH_BEFORE_BIN",
         ] {

@@ -99,7 +99,8 @@ pub struct ServeArgs {
     /// Disk the files of rendered `changes?after=` page entries may take, in MiB (default
     /// 2048; 0: no files, pages are rendered from the store when memory does not hold them).
     /// The files are a cache, emptied at start-up: in `pages` in the data directory, or with
-    /// --redis in a temporary folder removed when the hub stops.
+    /// --redis in a temporary folder removed when the hub stops. About 300 bytes per retained
+    /// change: size it to the retention of all channels together.
     #[arg(long, env = "CHANGEHUB_PAGE_FILES_SIZE")]
     pub page_files_size: Option<u64>,
     /// Lease granted when a subscriber asks for none (default 10 days).

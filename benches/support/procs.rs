@@ -158,6 +158,8 @@ pub struct HubOpts {
     pub retain_changes: u64,
     /// `--cache-size` in MiB (the embedded store's cache); the hub's default when `None`.
     pub cache_mib: Option<usize>,
+    /// `--page-files-size` in MiB; the hub's default when `None`.
+    pub page_files_mib: Option<u64>,
 }
 
 impl Default for HubOpts {
@@ -168,6 +170,7 @@ impl Default for HubOpts {
             linger_ms: 100,
             retain_changes: 100_000_000,
             cache_mib: None,
+            page_files_mib: None,
         }
     }
 }
@@ -210,6 +213,9 @@ impl Hub {
         }
         if let Some(mib) = opts.cache_mib {
             command.args(["--cache-size", &mib.to_string()]);
+        }
+        if let Some(mib) = opts.page_files_mib {
+            command.args(["--page-files-size", &mib.to_string()]);
         }
         command.arg("--allow-private-callbacks");
         if let Some(url) = &opts.redis {

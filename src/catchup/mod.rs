@@ -317,7 +317,9 @@ async fn datetime_of(
 /// One page of `changes?after=`.
 #[derive(Debug)]
 pub struct Page {
-    pub body: Vec<u8>,
+    /// The document in pieces, to be sent one after another (see
+    /// [`resourcesync::write_change_list_pieces`]).
+    pub body: Vec<bytes::Bytes>,
     /// The next page, while more changes remain.
     pub next: Option<String>,
 }
@@ -363,58 +365,46 @@ pub async fn changes_after(
         });
     }
     let end = after.saturating_add(limit as u64).min(head.last);
-    let mut blocks: Vec<Arc<pages::Block>> = Vec::new();
+    let mut parts: Vec<pages::Entries> = Vec::new();
     let mut seq = after + 1;
     while seq <= end {
-        let block = match page_block(log, &head, seq, end).await? {
-            Some(block) if (block.first..=block.last()).contains(&seq) => block,
+        let Some(part) = page_entries(log, &head, seq, end).await? else {
             // Trimmed since the head was read.
-            _ => {
-                let oldest = store.head(channel).await?.oldest;
-                return Err(CatchupError::Gone { after, oldest });
-            }
+            let oldest = store.head(channel).await?.oldest;
+            return Err(CatchupError::Gone { after, oldest });
         };
-        seq = block.last() + 1;
-        blocks.push(block);
+        seq = part.last + 1;
+        parts.push(part);
     }
-    // The last seq of the page (the blocks may reach beyond it).
+    // The last seq of the page.
     let last = end;
     let next = (last < head.last).then(|| urls.changes_after(channel, last, limit));
-    let mut parts = Vec::with_capacity(blocks.len());
-    for block in &blocks {
-        let from = (after + 1).max(block.first) - block.first;
-        let to = last.min(block.last()) + 1 - block.first;
-        parts.push(block.entries.slice(from as usize..to as usize));
-    }
-    let datetime = |seq: u64| {
-        blocks
-            .iter()
-            .find(|b| (b.first..=b.last()).contains(&seq))
-            .map(|b| b.datetimes[(seq - b.first) as usize])
-    };
     let header = log.header(
         (last > after).then_some((after + 1, last)),
-        datetime(after + 1),
-        datetime(last),
+        parts.first().map(|p| p.from),
+        parts.last().map(|p| p.until),
         next.as_ref().map(|n| DocLink::new("next", n.clone())),
     );
     Ok(Page {
-        body: resourcesync::write_change_list_of(&header, &parts),
+        body: resourcesync::write_change_list_pieces(
+            &header,
+            parts.into_iter().map(|p| p.bytes).collect(),
+        ),
         next,
     })
 }
 
-/// The block of rendered entries holding `seq`: from memory; else its entries `seq..=end`
-/// from its file; else read from the store and rendered (and kept when complete). A block
-/// that is not complete is read only up to `end`. `None`, or a block that starts after `seq`,
-/// when the log was trimmed meanwhile. The caller checked that `seq` is retained: neither
-/// tier of the cache knows about retention.
-async fn page_block(
+/// The rendered entries `seq..=` `end` or up to the end of the block holding `seq`: from
+/// memory; else from the block's file; else read from the store and rendered (the block is
+/// kept when complete). A block that is not complete is read only up to `end`. `None` when
+/// the log was trimmed meanwhile. The caller checked that `seq` is retained: neither tier of
+/// the cache knows about retention.
+async fn page_entries(
     log: Log<'_>,
     head: &ChannelHead,
     seq: u64,
     end: u64,
-) -> Result<Option<Arc<pages::Block>>, CatchupError> {
+) -> Result<Option<pages::Entries>, CatchupError> {
     let Log {
         store,
         channel,
@@ -423,39 +413,37 @@ async fn page_block(
         ..
     } = log;
     let number = (seq - 1) / pages::BLOCK;
-    if let Some(found) = pages.get(channel, &origin.epoch, number) {
-        return Ok(Some(found));
-    }
     let first = number * pages::BLOCK + 1;
     let last = first + pages::BLOCK - 1;
+    let upto = end.min(last);
+    if let Some(found) = pages.get(channel, &origin.epoch, number) {
+        return Ok(found.entries(seq..=upto));
+    }
     if let Some(found) = pages
-        .read(channel, &origin.epoch, number, seq..end.min(last) + 1)
+        .read(channel, &origin.epoch, number, seq..upto + 1)
         .await
     {
         return Ok(Some(found));
     }
     let complete = first >= head.oldest && last <= head.last;
-    let (from, upto) = if complete {
-        (first, last)
-    } else {
-        (seq, end.min(last))
-    };
+    let from = if complete { first } else { seq };
+    let to = if complete { last } else { upto };
     let changes = store
-        .read(channel, from - 1, (upto - from + 1) as usize)
+        .read(channel, from - 1, (to - from + 1) as usize)
         .await?;
     if changes.is_empty() {
         return Ok(None);
     }
     let block = pages::Block::render(&changes).ok_or_else(|| {
         StoreError::Corrupt(format!(
-            "the log of {channel} has a gap between seqs {from} and {upto}"
+            "the log of {channel} has a gap between seqs {from} and {to}"
         ))
     })?;
     let block = Arc::new(block);
     if complete {
         pages.keep(channel, &origin.epoch, number, block.clone());
     }
-    Ok(Some(block))
+    Ok(block.entries(seq..=upto))
 }
 
 /// A Resource List (or one of its pages, or its index) and the seq it reflects: a destination

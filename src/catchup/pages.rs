@@ -13,8 +13,13 @@
 //!   a block is rendered, and as soon as a channel's feed publishes the notification that
 //!   completes a block (rendered from the notifications still in the feed's recent cache,
 //!   so no store read; a block they do not cover is written on its first miss). A miss in
-//!   memory reads only what the page needs from the file (the entry offsets, then the byte
-//!   range): the operating system's page cache does the caching, not the hub's memory.
+//!   memory reads only what the page needs from the file (the offsets and datetimes of its
+//!   first and last entries, then the byte range): the operating system's page cache does
+//!   the caching, not the hub's memory.
+//!
+//! What a page takes from a block is [`Entries`]: its bytes as [`Bytes`] that share the
+//! block's memory, or that the file was read into, so that a page is sent as its header and
+//! these pieces without being copied into one buffer first.
 //!
 //! The folder of the files is a cache: it is emptied when the hub starts (see
 //! [`PageFiles::open`]). Neither tier knows about retention: the caller checks that the seqs
@@ -31,10 +36,11 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::ops::Range;
+use std::ops::{Range, RangeInclusive};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use bytes::Bytes;
 use time::OffsetDateTime;
 
 use crate::model::{Change, Notification};
@@ -99,6 +105,25 @@ impl Block {
         self.first + self.datetimes.len() as u64 - 1
     }
 
+    /// Entries `seqs` of this block, their bytes shared with it (not copied); `None` unless
+    /// it holds them all.
+    pub fn entries(self: &Arc<Block>, seqs: RangeInclusive<u64>) -> Option<Entries> {
+        let (first, last) = (*seqs.start(), *seqs.end());
+        if first < self.first || last > self.last() || first > last {
+            return None;
+        }
+        let (i, j) = ((first - self.first) as usize, (last - self.first) as usize);
+        let start = if i == 0 { 0 } else { self.entries.ends[i - 1] };
+        let bytes = Bytes::from_owner(SharedBytes(self.clone())).slice(start..self.entries.ends[j]);
+        Some(Entries {
+            first,
+            last,
+            bytes,
+            from: self.datetimes[i],
+            until: self.datetimes[j],
+        })
+    }
+
     /// Whether this is block number `number`, complete.
     fn is_complete(&self, number: u64) -> bool {
         self.first == number * BLOCK + 1 && self.datetimes.len() as u64 == BLOCK
@@ -107,6 +132,30 @@ impl Block {
     fn bytes(&self) -> usize {
         self.entries.bytes.len() + self.entries.ends.len() * 8 + self.datetimes.len() * 16
     }
+}
+
+/// A block's rendered bytes as the owner of [`Bytes`] that share them.
+struct SharedBytes(Arc<Block>);
+
+impl AsRef<[u8]> for SharedBytes {
+    fn as_ref(&self) -> &[u8] {
+        &self.0.entries.bytes
+    }
+}
+
+/// Consecutive entries of one block, as a page uses them: their rendered bytes and the
+/// datetimes of the first and the last (a page's `from` and `until`).
+#[derive(Clone, Debug)]
+pub struct Entries {
+    /// The seq of the first entry.
+    pub first: u64,
+    /// The seq of the last entry.
+    pub last: u64,
+    pub bytes: Bytes,
+    /// The datetime of the first entry.
+    pub from: OffsetDateTime,
+    /// The datetime of the last entry.
+    pub until: OffsetDateTime,
 }
 
 #[derive(Hash, PartialEq, Eq, Clone)]
@@ -242,16 +291,20 @@ impl PageCache {
         lock(&self.memory).get(&Key::new(channel, epoch, block))
     }
 
-    /// Entries `seqs` of block number `block` of `channel` in `epoch` (all of them within
-    /// that block), from its file if there is one; the whole block instead when memory has
-    /// room for it (it is then kept in memory too). Reads on a blocking thread.
+    /// Entries `seqs` of block number `block` of `channel` in `epoch` (a range within that
+    /// block, not empty), from its file if there is one. The whole block is read when memory
+    /// has room for it, and kept there. Reads on a blocking thread.
     pub async fn read(
         &self,
         channel: &str,
         epoch: &str,
         block: u64,
         seqs: Range<u64>,
-    ) -> Option<Arc<Block>> {
+    ) -> Option<Entries> {
+        let first = block * BLOCK + 1;
+        if seqs.start < first || seqs.end > first + BLOCK || seqs.is_empty() {
+            return None;
+        }
         let files = self.files.clone()?;
         let key = Key::new(channel, epoch, block);
         let size = files.size(&key)?;
@@ -259,21 +312,19 @@ impl PageCache {
             let memory = lock(&self.memory);
             memory.bytes + size <= memory.bound
         };
-        let entries = if whole {
-            None
-        } else {
-            let first = block * BLOCK + 1;
-            Some((seqs.start - first) as usize..(seqs.end - first) as usize)
-        };
-        let read = {
-            let key = key.clone();
-            tokio::task::spawn_blocking(move || files.read(&key, entries)).await
-        };
-        let found = Arc::new(read.ok()??);
         if whole {
+            let read = {
+                let key = key.clone();
+                tokio::task::spawn_blocking(move || files.read(&key)).await
+            };
+            let found = Arc::new(read.ok()??);
             self.keep_in_memory(key, found.clone());
+            return found.entries(seqs.start..=seqs.end - 1);
         }
-        Some(found)
+        let entries = (seqs.start - first) as usize..(seqs.end - first) as usize;
+        tokio::task::spawn_blocking(move || files.read_entries(&key, entries))
+            .await
+            .ok()?
     }
 
     /// Keeps a complete block (`BLOCK` entries from seq `block·BLOCK + 1`) in memory and, on
@@ -471,14 +522,28 @@ impl PageFiles {
         Ok(())
     }
 
-    /// Reads the entries `entries` (indices within the block; all of them when `None`) of the
-    /// file of `key`. `None` when there is no such file or it is not what it should be (it is
-    /// then forgotten and removed, so the files on disk stay within the bound). Blocking.
-    fn read(&self, key: &Key, entries: Option<Range<usize>>) -> Option<Block> {
-        let path = self.path(key);
-        match read_block(&path, key.block * BLOCK + 1, entries) {
-            Ok(block) => Some(block),
+    /// Reads the whole block of the file of `key`. `None` when there is no such file or it
+    /// is not what it should be. Blocking.
+    fn read(&self, key: &Key) -> Option<Block> {
+        let read = read_block(&self.path(key), key.block * BLOCK + 1);
+        self.checked(key, read)
+    }
+
+    /// Reads the entries `entries` (indices within the block) of the file of `key`: only the
+    /// offsets and datetimes of the first and the last, then their bytes. `None` when there is
+    /// no such file or it is not what it should be. Blocking.
+    fn read_entries(&self, key: &Key, entries: Range<usize>) -> Option<Entries> {
+        let read = read_entries(&self.path(key), key.block * BLOCK + 1, entries);
+        self.checked(key, read)
+    }
+
+    /// What was read from the file of `key`; when that failed, the file is forgotten and
+    /// removed (so the files on disk stay within the bound).
+    fn checked<T>(&self, key: &Key, read: io::Result<T>) -> Option<T> {
+        match read {
+            Ok(found) => Some(found),
             Err(e) => {
+                let path = self.path(key);
                 tracing::warn!(channel = %key.channel, block = key.block, error = %e, "cannot read a block of rendered page entries; rendering it again");
                 lock(&self.index).remove(key);
                 let _ = std::fs::remove_file(&path);
@@ -524,73 +589,117 @@ fn corrupt(what: &str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, what.to_string())
 }
 
-/// Reads entries `entries` (all when `None`) of the block file at `path`, which must hold
-/// the block starting at seq `first` (see the module docs for the format).
-fn read_block(path: &Path, first: u64, entries: Option<Range<usize>>) -> io::Result<Block> {
+/// Opens the block file at `path`, which must hold the block starting at seq `first` (see
+/// the module docs for the format): the file, and the number of entries in it.
+fn open_block(path: &Path, first: u64) -> io::Result<(File, usize)> {
     let mut file = File::open(path)?;
     let mut fixed = [0u8; FIXED as usize];
     file.read_exact(&mut fixed)?;
-    let u64_at = |b: &[u8], at: usize| {
-        let mut word = [0u8; 8];
-        word.copy_from_slice(&b[at..at + 8]);
-        u64::from_le_bytes(word)
-    };
     if &fixed[..8] != MAGIC || u64_at(&fixed, 8) != first {
         return Err(corrupt("not the block file expected"));
     }
     let count = u64_at(&fixed, 16);
-    let length = file.metadata()?.len();
-    let data = count
-        .checked_mul(RECORD)
-        .and_then(|r| r.checked_add(FIXED))
-        .filter(|&data| data <= length)
-        .ok_or_else(|| corrupt("a block file shorter than its header"))?;
-    let count = count as usize;
-    let entries = entries.unwrap_or(0..count);
-    if entries.is_empty() || entries.end > count {
-        return Err(corrupt("no such entries in the block file"));
+    if count == 0 || count > BLOCK {
+        return Err(corrupt("a block file with no entries or too many"));
     }
-    // The records of entries.start − 1 (where the first entry starts) ..= entries.end − 1.
-    let from = entries.start.saturating_sub(1);
-    let mut records = vec![0u8; (entries.end - from) * RECORD as usize];
-    file.seek(SeekFrom::Start(FIXED + from as u64 * RECORD))?;
-    file.read_exact(&mut records)?;
-    let record = |i: usize| {
-        let at = (i - from) * RECORD as usize;
-        let mut nanos = [0u8; 16];
-        nanos.copy_from_slice(&records[at + 8..at + 24]);
-        (u64_at(&records, at), i128::from_le_bytes(nanos))
-    };
-    let start = if entries.start == 0 {
-        0
-    } else {
-        record(entries.start - 1).0
-    };
-    let mut ends = Vec::with_capacity(entries.len());
-    let mut datetimes = Vec::with_capacity(entries.len());
-    let mut previous = start;
-    for i in entries.clone() {
-        let (end, nanos) = record(i);
+    Ok((file, count as usize))
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut word = [0u8; 8];
+    word.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(word)
+}
+
+/// Record `i` of `records` (records of the header, read from some record on): the end
+/// offset and the datetime of an entry.
+fn record_at(records: &[u8], i: usize) -> io::Result<(u64, OffsetDateTime)> {
+    let at = i * RECORD as usize;
+    let mut nanos = [0u8; 16];
+    nanos.copy_from_slice(&records[at + 8..at + 24]);
+    let datetime = OffsetDateTime::from_unix_timestamp_nanos(i128::from_le_bytes(nanos))
+        .map_err(|_| corrupt("a datetime out of range"))?;
+    Ok((u64_at(records, at), datetime))
+}
+
+/// Reads `len` bytes at `at` of `file` into a new buffer (not zeroed first).
+fn read_bytes(file: &mut File, at: u64, len: usize) -> io::Result<Vec<u8>> {
+    file.seek(SeekFrom::Start(at))?;
+    let mut bytes = Vec::with_capacity(len);
+    Read::take(&mut *file, len as u64).read_to_end(&mut bytes)?;
+    if bytes.len() != len {
+        return Err(corrupt("offsets beyond the end of the block file"));
+    }
+    Ok(bytes)
+}
+
+/// Reads the whole block of the block file at `path`, which must hold the block starting at
+/// seq `first`.
+fn read_block(path: &Path, first: u64) -> io::Result<Block> {
+    let (mut file, count) = open_block(path, first)?;
+    let records = read_bytes(&mut file, FIXED, count * RECORD as usize)?;
+    let mut ends = Vec::with_capacity(count);
+    let mut datetimes = Vec::with_capacity(count);
+    let mut previous = 0;
+    for i in 0..count {
+        let (end, datetime) = record_at(&records, i)?;
         if end < previous {
             return Err(corrupt("entry offsets going backwards"));
         }
         previous = end;
-        ends.push((end - start) as usize);
-        datetimes.push(
-            OffsetDateTime::from_unix_timestamp_nanos(nanos)
-                .map_err(|_| corrupt("a datetime out of range"))?,
-        );
+        ends.push(end as usize);
+        datetimes.push(datetime);
     }
-    if data + previous > length {
-        return Err(corrupt("entry offsets beyond the end of the block file"));
-    }
-    let mut bytes = vec![0u8; (previous - start) as usize];
-    file.seek(SeekFrom::Start(data + start))?;
-    file.read_exact(&mut bytes)?;
+    let bytes = read_bytes(&mut file, FIXED + count as u64 * RECORD, previous as usize)?;
     Ok(Block {
-        first: first + entries.start as u64,
+        first,
         entries: RenderedEntries { bytes, ends },
         datetimes,
+    })
+}
+
+/// Reads entries `entries` (indices within the block, not empty) of the block file at
+/// `path`, which must hold the block starting at seq `first`: the records of the entry
+/// before them (where their bytes start), of the first and of the last, then their bytes.
+fn read_entries(path: &Path, first: u64, entries: Range<usize>) -> io::Result<Entries> {
+    let (mut file, count) = open_block(path, first)?;
+    if entries.is_empty() || entries.end > count {
+        return Err(corrupt("no such entries in the block file"));
+    }
+    // Records entries.start − 1 (when there is one) and entries.start.
+    let from = entries.start.saturating_sub(1);
+    let head = read_bytes(
+        &mut file,
+        FIXED + from as u64 * RECORD,
+        (entries.start - from + 1) * RECORD as usize,
+    )?;
+    let start = if entries.start == 0 {
+        0
+    } else {
+        record_at(&head, 0)?.0
+    };
+    let (first_end, from_datetime) = record_at(&head, entries.start - from)?;
+    let (end, until) = if entries.len() == 1 {
+        (first_end, from_datetime)
+    } else {
+        let tail = read_bytes(
+            &mut file,
+            FIXED + (entries.end - 1) as u64 * RECORD,
+            RECORD as usize,
+        )?;
+        record_at(&tail, 0)?
+    };
+    if first_end < start || end < first_end {
+        return Err(corrupt("entry offsets going backwards"));
+    }
+    let data = FIXED + count as u64 * RECORD;
+    let bytes = read_bytes(&mut file, data + start, (end - start) as usize)?;
+    Ok(Entries {
+        first: first + entries.start as u64,
+        last: first + entries.end as u64 - 1,
+        bytes: Bytes::from(bytes),
+        from: from_datetime,
+        until,
     })
 }
 
@@ -676,33 +785,52 @@ mod tests {
         assert_eq!(parts.datetimes, whole.datetimes);
     }
 
-    /// What a block file gives back is what was written: the bytes, the entry boundaries and
-    /// the datetimes (to the nanosecond) of any range of entries, or of all of them.
+    /// The entries of a block a page takes: the bytes of those entries, shared with the
+    /// block, and the datetimes of the first and the last.
+    #[test]
+    fn entries_of_a_block_share_its_bytes() {
+        let b = block(BLOCK + 1, BLOCK);
+        for (i, j) in [(0, 999), (0, 0), (999, 999), (1, 998), (17, 639)] {
+            let e = b.entries(BLOCK + 1 + i..=BLOCK + 1 + j).unwrap();
+            assert_eq!((e.first, e.last), (BLOCK + 1 + i, BLOCK + 1 + j));
+            assert_eq!(&e.bytes[..], b.entries.slice(i as usize..j as usize + 1));
+            assert_eq!(
+                (e.from, e.until),
+                (b.datetimes[i as usize], b.datetimes[j as usize])
+            );
+        }
+        let whole = b.entries(BLOCK + 1..=2 * BLOCK).unwrap();
+        assert_eq!(whole.bytes.as_ptr(), b.entries.bytes.as_ptr(), "not copied");
+        assert!(b.entries(BLOCK..=BLOCK + 1).is_none(), "before the block");
+        assert!(b.entries(2 * BLOCK..=2 * BLOCK + 1).is_none(), "beyond it");
+        let (from, to) = (BLOCK + 5, BLOCK + 4);
+        assert!(b.entries(from..=to).is_none(), "empty");
+    }
+
+    /// What a block file gives back is what was written: the bytes and the datetimes (to the
+    /// nanosecond) of the first and last of any range of entries; or the whole block, with
+    /// the boundary and datetime of every entry.
     #[test]
     fn block_files_give_back_any_range_of_their_entries() {
         let files = PageFiles::temporary(FILES_BYTES).unwrap();
         let written = block(BLOCK + 1, BLOCK);
         files.write(&key(1), &written).unwrap();
         assert!(files.size(&key(1)).is_some());
-        for range in [0..1000, 0..1, 999..1000, 1..999, 500..501, 17..640] {
-            let read = files.read(&key(1), Some(range.clone())).unwrap();
+        for range in [0..1000, 0..1, 999..1000, 1..999, 500..501, 17..640, 1..2] {
+            let read = files.read_entries(&key(1), range.clone()).unwrap();
             assert_eq!(read.first, BLOCK + 1 + range.start as u64, "{range:?}");
-            assert_eq!(read.last(), BLOCK + range.end as u64, "{range:?}");
-            assert_eq!(read.entries.bytes, written.entries.slice(range.clone()));
-            for i in 0..range.len() {
-                assert_eq!(
-                    read.entries.slice(i..i + 1),
-                    written.entries.slice(range.start + i..range.start + i + 1)
-                );
-            }
-            assert_eq!(read.datetimes, written.datetimes[range.clone()]);
+            assert_eq!(read.last, BLOCK + range.end as u64, "{range:?}");
+            assert_eq!(&read.bytes[..], written.entries.slice(range.clone()));
+            assert_eq!(read.from, written.datetimes[range.start], "{range:?}");
+            assert_eq!(read.until, written.datetimes[range.end - 1], "{range:?}");
         }
-        let whole = files.read(&key(1), None).unwrap();
+        let whole = files.read(&key(1)).unwrap();
+        assert_eq!(whole.first, BLOCK + 1);
         assert_eq!(whole.entries.bytes, written.entries.bytes);
         assert_eq!(whole.entries.ends, written.entries.ends);
         assert_eq!(whole.datetimes, written.datetimes);
         assert!(
-            files.read(&key(1), Some(0..1001)).is_none(),
+            files.read_entries(&key(1), 0..1001).is_none(),
             "no entry 1000"
         );
     }
@@ -714,7 +842,7 @@ mod tests {
         files.write(&key(1), &block(BLOCK + 1, BLOCK)).unwrap();
         // Block 0's file in the place of block 1's.
         std::fs::copy(files.path(&key(0)), files.path(&key(1))).unwrap();
-        assert!(files.read(&key(1), Some(0..10)).is_none());
+        assert!(files.read_entries(&key(1), 0..10).is_none());
         assert!(files.size(&key(1)).is_none(), "forgotten");
         assert!(!files.path(&key(1)).exists(), "removed");
         // Cut short.
@@ -723,7 +851,7 @@ mod tests {
             .open(files.path(&key(0)))
             .unwrap();
         file.set_len(FIXED + RECORD * BLOCK + 10).unwrap();
-        assert!(files.read(&key(0), Some(990..1000)).is_none());
+        assert!(files.read_entries(&key(0), 990..1000).is_none());
         assert!(files.size(&key(0)).is_none(), "forgotten");
         assert!(!files.path(&key(0)).exists(), "removed");
     }
@@ -744,7 +872,7 @@ mod tests {
         assert!(files.size(&key(1)).is_none(), "1 went");
         assert!(!files.path(&key(1)).exists(), "and its file");
         for kept in [0, 2] {
-            assert!(files.read(&key(kept), Some(0..1)).is_some());
+            assert!(files.read_entries(&key(kept), 0..1).is_some());
         }
         let kept = files.size(&key(0)).unwrap() + files.size(&key(2)).unwrap();
         assert_eq!(lock(&files.index).bytes, kept);
@@ -812,7 +940,7 @@ mod tests {
         cache.published("e", &recent[..1], &recent[0]);
         cache.published("e", &recent[..2], &recent[1]);
         assert!(written(&files, &key(0)).await);
-        let read = files.read(&key(0), None).unwrap();
+        let read = files.read(&key(0)).unwrap();
         assert_eq!(read.entries.bytes, block(1, BLOCK).entries.bytes);
         // Block 1 completes with a notification whose first part is no longer in `recent`:
         // left to its first miss.
@@ -825,7 +953,8 @@ mod tests {
 
         // A miss in memory (which keeps nothing here) reads what the page needs from the file.
         let page = cache.read("c", "e", 2, 2501..2601).await.unwrap();
-        assert_eq!((page.first, page.last()), (2501, 2600));
+        assert_eq!((page.first, page.last), (2501, 2600));
+        assert_eq!(&page.bytes[..], block(2001, BLOCK).entries.slice(500..600));
         assert!(cache.get("c", "e", 2).is_none());
         assert!(
             cache.read("c", "e", 1, 1001..1002).await.is_none(),
@@ -840,7 +969,9 @@ mod tests {
         let files = cache.files.clone().unwrap();
         files.write(&key(0), &block(1, BLOCK)).unwrap();
         let found = cache.read("c", "e", 0, 5..7).await.unwrap();
-        assert_eq!((found.first, found.last()), (1, BLOCK), "the whole block");
-        assert!(cache.get("c", "e", 0).is_some());
+        assert_eq!((found.first, found.last), (5, 6));
+        let kept = cache.get("c", "e", 0).unwrap();
+        assert_eq!((kept.first, kept.last()), (1, BLOCK), "the whole block");
+        assert_eq!(&found.bytes[..], kept.entries.slice(4..6));
     }
 }

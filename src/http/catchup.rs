@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use std::sync::Arc;
 
-use super::rendered::Rendered;
+use super::rendered::{self, Rendered};
 use super::{read_token, ApiError, AppState};
 use crate::auth;
 use crate::batcher::ChannelFeed;
@@ -296,7 +296,14 @@ pub async fn changes_after(
     if let Some(next) = &page.next {
         links.push_str(&format!(", <{next}>; rel=\"next\""));
     }
-    let mut response = xml(page.body);
+    let mut response = (
+        [(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/xml"),
+        )],
+        axum::body::Body::new(rendered::Pieces::new(page.body)),
+    )
+        .into_response();
     set_header(&mut response, http::header::LINK, &links);
     Ok(response)
 }

@@ -220,6 +220,48 @@ impl RenderedDocs {
     }
 }
 
+/// A response body sent as the pieces it was put together from (a page's start, its
+/// entries as the page cache holds them, its end), none of them copied into one buffer; its
+/// length is known up front, so it goes out with a `Content-Length`.
+pub struct Pieces {
+    pieces: VecDeque<Bytes>,
+    remaining: u64,
+}
+
+impl Pieces {
+    pub fn new(pieces: Vec<Bytes>) -> Pieces {
+        let remaining = pieces.iter().map(|p| p.len() as u64).sum();
+        Pieces {
+            pieces: pieces.into_iter().filter(|p| !p.is_empty()).collect(),
+            remaining,
+        }
+    }
+}
+
+impl http_body::Body for Pieces {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        let piece = self.pieces.pop_front();
+        if let Some(p) = &piece {
+            self.remaining -= p.len() as u64;
+        }
+        std::task::Poll::Ready(piece.map(|p| Ok(http_body::Frame::data(p))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.pieces.is_empty()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.remaining)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -306,5 +348,20 @@ mod tests {
         assert!(counted > 2 * 1200, "{counted}");
         docs.forget("c");
         assert_eq!(docs.closed.lock().unwrap().bytes, 0);
+    }
+
+    /// A body of pieces gives them back in order, skips empty ones, and knows its length.
+    #[tokio::test]
+    async fn pieces_are_sent_in_order_with_their_length() {
+        use http_body_util::BodyExt;
+        let body = Pieces::new(vec![
+            Bytes::from_static(b"<urlset>"),
+            Bytes::new(),
+            Bytes::from_static(b"<url/>"),
+            Bytes::from_static(b"</urlset>"),
+        ]);
+        assert_eq!(http_body::Body::size_hint(&body).exact(), Some(23));
+        let collected = body.collect().await.unwrap().to_bytes();
+        assert_eq!(&collected[..], b"<urlset><url/></urlset>");
     }
 }

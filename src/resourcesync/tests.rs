@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 
+use bytes::Bytes;
 use quick_xml::events::Event;
 use quick_xml::Reader;
 use time::OffsetDateTime;
@@ -324,6 +325,12 @@ fn change_lists_from_rendered_entries_are_the_same_bytes() {
             write_change_list(&header, &changes),
             "cut at {cut}"
         );
+        let pieces: Vec<u8> = super::write_change_list_pieces(
+            &header,
+            parts.iter().map(|p| Bytes::copy_from_slice(p)).collect(),
+        )
+        .concat();
+        assert_eq!(pieces, write_change_list(&header, &changes), "cut at {cut}");
     }
     let one = super::write_change_entries(&changes[1..2]);
     assert_eq!(entries.slice(1..2), &one.bytes[..]);

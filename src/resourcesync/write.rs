@@ -14,6 +14,7 @@
 //! </urlset>
 //! ```
 
+use bytes::Bytes;
 use time::OffsetDateTime;
 
 use super::{
@@ -91,15 +92,34 @@ pub fn write_change_entries(changes: &[Change]) -> RenderedEntries {
 /// are not read again.
 pub fn write_change_list_of(header: &ChangeListHeader, entries: &[&[u8]]) -> Vec<u8> {
     let size: usize = entries.iter().map(|e| e.len()).sum();
+    let mut out = change_list_start(header, size);
+    for entry in entries {
+        out.buf.extend_from_slice(entry);
+    }
+    out.raw(CHANGE_LIST_END);
+    out.buf
+}
+
+/// The document of [`write_change_list_of`] as pieces to send one after another, the entries
+/// as they are (not copied into one buffer): its start, `entries`, its end.
+pub fn write_change_list_pieces(header: &ChangeListHeader, entries: Vec<Bytes>) -> Vec<Bytes> {
+    let mut pieces = Vec::with_capacity(entries.len() + 2);
+    pieces.push(Bytes::from(change_list_start(header, 0).buf));
+    pieces.extend(entries);
+    pieces.push(Bytes::from_static(CHANGE_LIST_END.as_bytes()));
+    pieces
+}
+
+/// What a Change List of rendered entries ends with.
+const CHANGE_LIST_END: &str = "</urlset>\n";
+
+/// A Change List up to its first entry, with room for `size` bytes of entries.
+fn change_list_start(header: &ChangeListHeader, size: usize) -> Out {
     let mut out = Out::with_capacity(512 + header_size(header) + size);
     out.open_root("urlset", true);
     out.header_md("changelist", header.from, header);
     out.doc_links(&header.links);
-    for entry in entries {
-        out.buf.extend_from_slice(entry);
-    }
-    out.raw("</urlset>\n");
-    out.buf
+    out
 }
 
 /// Renders a Change List Index (`<sitemapindex>`, `<rs:md capability="changelist" from=..
