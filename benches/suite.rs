@@ -7,8 +7,8 @@
 //! - `BENCH_SCALE` (default 1): counts and durations times this (`0.1` for a quick check).
 //! - `BENCH_RETAINED`: the largest retained level of the documents figure (default 10⁶ times
 //!   `BENCH_SCALE`); `10000000` adds 10⁷ (and every power of ten between) to the cost-growth
-//!   table. The fill takes a few minutes per store and ~15 GB of disk (embedded) or of Redis
-//!   memory at 10⁷.
+//!   table. At 10⁷ the fill takes about five minutes per store and hub, about 13 GB of disk
+//!   (the embedded store and the block files) and about 10 GB of memory for Redis.
 //! - `BENCH_HUB_BIN`: the hub binary under test (default: this package's release binary).
 //! - `BENCH_BEFORE_BIN`: an older `changehub` binary; every hub figure is measured for it too,
 //!   in the same run, and the table gets before columns.
@@ -47,7 +47,8 @@
 //!    its retention (and turns over), 100 callback subscribers, 10 live websockets and
 //!    catch-up reads every second; VmRSS every 10 s: its growth from the first minute to the end (flat: ≤ 1.10) and
 //!    its largest sample against the cache size plus a fixed allowance; nothing lost.
-//! 8. **Cost growth**: fan-out at 1 … 10,000 subscribers; documents at 10³ … 10⁶ (10⁷) retained.
+//! 8. **Cost growth**: fan-out at 1 … 10,000 subscribers; documents at 10³ … 10⁶ retained
+//!    (10⁷ with `BENCH_RETAINED`).
 
 use axum::extract::ws::{Message as AxumMessage, WebSocketUpgrade};
 use axum::extract::State;
