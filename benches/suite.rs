@@ -7,8 +7,8 @@
 //! - `BENCH_SCALE` (default 1): counts and durations times this (`0.1` for a quick check).
 //! - `BENCH_RETAINED`: the largest retained level of the documents figure (default 10⁶ times
 //!   `BENCH_SCALE`); `10000000` adds 10⁷ (and every power of ten between) to the cost-growth
-//!   table. At 10⁷ the fill takes about five minutes per store and hub, about 13 GB of disk
-//!   (the embedded store and the block files) and about 10 GB of memory for Redis.
+//!   table. At 10⁷: about ten minutes more per hub binary, 13 GB of disk while the embedded
+//!   store is filled (the store and the block files), Redis's memory past 9 GB.
 //! - `BENCH_HUB_BIN`: the hub binary under test (default: this package's release binary).
 //! - `BENCH_BEFORE_BIN`: an older `changehub` binary; every hub figure is measured for it too,
 //!   in the same run, and the table gets before columns.
@@ -76,8 +76,6 @@ const DELIVERIES: usize = 150_000;
 const PROBE_SUBSCRIBERS: usize = 1000;
 /// The topic's entries on top of each retained level (a list closes every 10,000).
 const OPEN: u64 = 5_000;
-/// The hub's `--page-files-size` when none is given.
-const DEFAULT_PAGE_FILES_MIB: u64 = 2048;
 /// Disk the block files of `changes?after=` pages take per change of this benchmark (about
 /// 310 bytes), with room to spare: `--page-files-size` for the documents figure's largest
 /// level, when the default is smaller.
@@ -1193,18 +1191,15 @@ async fn documents_run(
     redis: bool,
     levels: &[u64],
     main: u64,
+    page_files_mib: Option<u64>,
     tag: &str,
 ) -> Documents {
     if redis {
         ctx.redis.flush().await;
     }
-    // Block files for every page of the largest level, when the default is too small for it
-    // (about 310 bytes per change of this benchmark; docs/cli.md, `--page-files-size`).
-    let largest = levels.iter().max().copied().unwrap_or(0);
-    let page_files_mib = (largest * PAGE_FILE_BYTES_PER_CHANGE) >> 20;
     let opts = HubOpts {
         redis: redis.then(|| ctx.redis.url.clone()),
-        page_files_mib: (page_files_mib > DEFAULT_PAGE_FILES_MIB).then_some(page_files_mib),
+        page_files_mib,
         ..HubOpts::default()
     };
     let hub = Hub::start(bin, &opts).await;
@@ -1374,11 +1369,17 @@ async fn documents(ctx: &mut Ctx) {
     levels.sort();
     levels.dedup();
     let largest = levels.last().copied().unwrap_or(0);
+    // Block files for every page of the largest level, when the hub's default is too small
+    // for them (docs/cli.md, `--page-files-size`).
+    let default_mib = changehub::catchup::pages::FILES_BYTES >> 20;
+    let page_files_mib =
+        Some((largest * PAGE_FILE_BYTES_PER_CHANGE) >> 20).filter(|&mib| mib > default_mib);
     let mut rss_rows = Vec::new();
     for (redis, store) in [(false, "embedded"), (true, "Redis")] {
         let mut runs = Vec::new();
         for (i, bin) in ctx.bins.clone().iter().enumerate() {
-            runs.push(documents_run(ctx, bin, redis, &levels, main, &format!("{store}-{i}")).await);
+            let tag = format!("{store}-{i}");
+            runs.push(documents_run(ctx, bin, redis, &levels, main, page_files_mib, &tag).await);
         }
         fn at(d: &Documents, n: u64) -> &Level {
             d.levels.iter().find(|l| l.retained == n).unwrap()
@@ -1494,17 +1495,17 @@ async fn documents(ctx: &mut Ctx) {
         secs(2),
         count(main),
         count(main),
-        match (largest * PAGE_FILE_BYTES_PER_CHANGE) >> 20 {
-            mib if mib > DEFAULT_PAGE_FILES_MIB => format!(
+        match page_files_mib {
+            Some(mib) => format!(
                 " The block files of {} changes' pages do not fit the default \
                  `--page-files-size` ({} MiB): the hubs of this figure ran with `--page-files-size {}` \
                  ({} bytes per change of the largest level).",
                 count(largest),
-                count(DEFAULT_PAGE_FILES_MIB),
+                count(default_mib),
                 mib,
                 PAGE_FILE_BYTES_PER_CHANGE
             ),
-            _ => String::new(),
+            None => String::new(),
         }
     ));
 }

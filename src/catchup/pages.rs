@@ -589,9 +589,16 @@ fn corrupt(what: &str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, what.to_string())
 }
 
+/// A block file open for reading: the file, its length, the number of its entries.
+struct BlockFile {
+    file: File,
+    length: u64,
+    count: usize,
+}
+
 /// Opens the block file at `path`, which must hold the block starting at seq `first` (see
-/// the module docs for the format): the file, and the number of entries in it.
-fn open_block(path: &Path, first: u64) -> io::Result<(File, usize)> {
+/// the module docs for the format).
+fn open_block(path: &Path, first: u64) -> io::Result<BlockFile> {
     let mut file = File::open(path)?;
     let mut fixed = [0u8; FIXED as usize];
     file.read_exact(&mut fixed)?;
@@ -602,7 +609,12 @@ fn open_block(path: &Path, first: u64) -> io::Result<(File, usize)> {
     if count == 0 || count > BLOCK {
         return Err(corrupt("a block file with no entries or too many"));
     }
-    Ok((file, count as usize))
+    let length = file.metadata()?.len();
+    Ok(BlockFile {
+        file,
+        length,
+        count: count as usize,
+    })
 }
 
 fn u64_at(b: &[u8], at: usize) -> u64 {
@@ -622,22 +634,32 @@ fn record_at(records: &[u8], i: usize) -> io::Result<(u64, OffsetDateTime)> {
     Ok((u64_at(records, at), datetime))
 }
 
-/// Reads `len` bytes at `at` of `file` into a new buffer (not zeroed first).
-fn read_bytes(file: &mut File, at: u64, len: usize) -> io::Result<Vec<u8>> {
-    file.seek(SeekFrom::Start(at))?;
-    let mut bytes = Vec::with_capacity(len);
-    Read::take(&mut *file, len as u64).read_to_end(&mut bytes)?;
-    if bytes.len() != len {
-        return Err(corrupt("offsets beyond the end of the block file"));
+impl BlockFile {
+    /// Reads `len` bytes at `at` into a new buffer (not zeroed first); an error, before
+    /// anything is allocated, when the file is shorter.
+    fn read_bytes(&mut self, at: u64, len: usize) -> io::Result<Vec<u8>> {
+        if at
+            .checked_add(len as u64)
+            .is_none_or(|end| end > self.length)
+        {
+            return Err(corrupt("offsets beyond the end of the block file"));
+        }
+        self.file.seek(SeekFrom::Start(at))?;
+        let mut bytes = Vec::with_capacity(len);
+        Read::take(&mut self.file, len as u64).read_to_end(&mut bytes)?;
+        if bytes.len() != len {
+            return Err(corrupt("a block file cut short while read"));
+        }
+        Ok(bytes)
     }
-    Ok(bytes)
 }
 
 /// Reads the whole block of the block file at `path`, which must hold the block starting at
 /// seq `first`.
 fn read_block(path: &Path, first: u64) -> io::Result<Block> {
-    let (mut file, count) = open_block(path, first)?;
-    let records = read_bytes(&mut file, FIXED, count * RECORD as usize)?;
+    let mut file = open_block(path, first)?;
+    let count = file.count;
+    let records = file.read_bytes(FIXED, count * RECORD as usize)?;
     let mut ends = Vec::with_capacity(count);
     let mut datetimes = Vec::with_capacity(count);
     let mut previous = 0;
@@ -650,7 +672,7 @@ fn read_block(path: &Path, first: u64) -> io::Result<Block> {
         ends.push(end as usize);
         datetimes.push(datetime);
     }
-    let bytes = read_bytes(&mut file, FIXED + count as u64 * RECORD, previous as usize)?;
+    let bytes = file.read_bytes(FIXED + count as u64 * RECORD, previous as usize)?;
     Ok(Block {
         first,
         entries: RenderedEntries { bytes, ends },
@@ -662,14 +684,14 @@ fn read_block(path: &Path, first: u64) -> io::Result<Block> {
 /// `path`, which must hold the block starting at seq `first`: the records of the entry
 /// before them (where their bytes start), of the first and of the last, then their bytes.
 fn read_entries(path: &Path, first: u64, entries: Range<usize>) -> io::Result<Entries> {
-    let (mut file, count) = open_block(path, first)?;
+    let mut file = open_block(path, first)?;
+    let count = file.count;
     if entries.is_empty() || entries.end > count {
         return Err(corrupt("no such entries in the block file"));
     }
     // Records entries.start − 1 (when there is one) and entries.start.
     let from = entries.start.saturating_sub(1);
-    let head = read_bytes(
-        &mut file,
+    let head = file.read_bytes(
         FIXED + from as u64 * RECORD,
         (entries.start - from + 1) * RECORD as usize,
     )?;
@@ -682,18 +704,14 @@ fn read_entries(path: &Path, first: u64, entries: Range<usize>) -> io::Result<En
     let (end, until) = if entries.len() == 1 {
         (first_end, from_datetime)
     } else {
-        let tail = read_bytes(
-            &mut file,
-            FIXED + (entries.end - 1) as u64 * RECORD,
-            RECORD as usize,
-        )?;
+        let tail = file.read_bytes(FIXED + (entries.end - 1) as u64 * RECORD, RECORD as usize)?;
         record_at(&tail, 0)?
     };
     if first_end < start || end < first_end {
         return Err(corrupt("entry offsets going backwards"));
     }
     let data = FIXED + count as u64 * RECORD;
-    let bytes = read_bytes(&mut file, data + start, (end - start) as usize)?;
+    let bytes = file.read_bytes(data + start, (end - start) as usize)?;
     Ok(Entries {
         first: first + entries.start as u64,
         last: first + entries.end as u64 - 1,
@@ -854,6 +872,26 @@ mod tests {
         assert!(files.read_entries(&key(0), 990..1000).is_none());
         assert!(files.size(&key(0)).is_none(), "forgotten");
         assert!(!files.path(&key(0)).exists(), "removed");
+        // An entry's end offset far beyond the file: refused before anything is allocated
+        // for it, whole block or range.
+        for whole in [true, false] {
+            files.write(&key(2), &block(2 * BLOCK + 1, BLOCK)).unwrap();
+            let mut file = File::options()
+                .write(true)
+                .open(files.path(&key(2)))
+                .unwrap();
+            file.seek(SeekFrom::Start(FIXED + RECORD * (BLOCK - 1)))
+                .unwrap();
+            file.write_all(&(u64::MAX / 2).to_le_bytes()).unwrap();
+            drop(file);
+            let read = if whole {
+                files.read(&key(2)).map(|_| ())
+            } else {
+                files.read_entries(&key(2), 990..1000).map(|_| ())
+            };
+            assert!(read.is_none(), "whole: {whole}");
+            assert!(files.size(&key(2)).is_none(), "forgotten");
+        }
     }
 
     #[test]

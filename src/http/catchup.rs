@@ -121,13 +121,13 @@ fn matches(headers: &HeaderMap, etag: &str) -> bool {
         })
 }
 
-fn xml(body: Vec<u8>) -> Response {
+fn xml(body: impl Into<axum::body::Body>) -> Response {
     (
         [(
             http::header::CONTENT_TYPE,
             HeaderValue::from_static("application/xml"),
         )],
-        body,
+        body.into(),
     )
         .into_response()
 }
@@ -296,14 +296,7 @@ pub async fn changes_after(
     if let Some(next) = &page.next {
         links.push_str(&format!(", <{next}>; rel=\"next\""));
     }
-    let mut response = (
-        [(
-            http::header::CONTENT_TYPE,
-            HeaderValue::from_static("application/xml"),
-        )],
-        axum::body::Body::new(rendered::Pieces::new(page.body)),
-    )
-        .into_response();
+    let mut response = xml(axum::body::Body::new(rendered::Pieces::new(page.body)));
     set_header(&mut response, http::header::LINK, &links);
     Ok(response)
 }

@@ -223,18 +223,11 @@ impl RenderedDocs {
 /// A response body sent as the pieces it was put together from (a page's start, its
 /// entries as the page cache holds them, its end), none of them copied into one buffer; its
 /// length is known up front, so it goes out with a `Content-Length`.
-pub struct Pieces {
-    pieces: VecDeque<Bytes>,
-    remaining: u64,
-}
+pub struct Pieces(VecDeque<Bytes>);
 
 impl Pieces {
     pub fn new(pieces: Vec<Bytes>) -> Pieces {
-        let remaining = pieces.iter().map(|p| p.len() as u64).sum();
-        Pieces {
-            pieces: pieces.into_iter().filter(|p| !p.is_empty()).collect(),
-            remaining,
-        }
+        Pieces(pieces.into_iter().filter(|p| !p.is_empty()).collect())
     }
 }
 
@@ -246,19 +239,16 @@ impl http_body::Body for Pieces {
         mut self: std::pin::Pin<&mut Self>,
         _: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
-        let piece = self.pieces.pop_front();
-        if let Some(p) = &piece {
-            self.remaining -= p.len() as u64;
-        }
+        let piece = self.0.pop_front();
         std::task::Poll::Ready(piece.map(|p| Ok(http_body::Frame::data(p))))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.pieces.is_empty()
+        self.0.is_empty()
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
-        http_body::SizeHint::with_exact(self.remaining)
+        http_body::SizeHint::with_exact(self.0.iter().map(|p| p.len() as u64).sum())
     }
 }
 

@@ -47,7 +47,7 @@ pub fn write_change_list(header: &ChangeListHeader, changes: &[Change]) -> Vec<u
 
 /// The `<url>` entries of `changes`, rendered as [`write_change_list`] renders them, one
 /// after another, with where each ends: a document built from them later
-/// ([`write_change_list_of`]) is byte for byte the one `write_change_list` would render.
+/// ([`write_change_list_pieces`]) is byte for byte the one `write_change_list` would render.
 #[derive(Debug, Default)]
 pub struct RenderedEntries {
     pub bytes: Vec<u8>,
@@ -87,39 +87,20 @@ pub fn write_change_entries(changes: &[Change]) -> RenderedEntries {
     }
 }
 
-/// Renders a Change List from entries rendered before ([`write_change_entries`]), given as
-/// slices in order; `header.from` should be set (the first entry's datetime), as the entries
-/// are not read again.
-pub fn write_change_list_of(header: &ChangeListHeader, entries: &[&[u8]]) -> Vec<u8> {
-    let size: usize = entries.iter().map(|e| e.len()).sum();
-    let mut out = change_list_start(header, size);
-    for entry in entries {
-        out.buf.extend_from_slice(entry);
-    }
-    out.raw(CHANGE_LIST_END);
-    out.buf
-}
-
-/// The document of [`write_change_list_of`] as pieces to send one after another, the entries
-/// as they are (not copied into one buffer): its start, `entries`, its end.
+/// Renders a Change List from entries rendered before ([`write_change_entries`]), given in
+/// order, as pieces to send one after another: its start, `entries` as they are (not copied
+/// into one buffer), its end. `header.from` should be set (the first entry's datetime), as
+/// the entries are not read again.
 pub fn write_change_list_pieces(header: &ChangeListHeader, entries: Vec<Bytes>) -> Vec<Bytes> {
+    let mut start = Out::with_capacity(512 + header_size(header));
+    start.open_root("urlset", true);
+    start.header_md("changelist", header.from, header);
+    start.doc_links(&header.links);
     let mut pieces = Vec::with_capacity(entries.len() + 2);
-    pieces.push(Bytes::from(change_list_start(header, 0).buf));
+    pieces.push(Bytes::from(start.buf));
     pieces.extend(entries);
-    pieces.push(Bytes::from_static(CHANGE_LIST_END.as_bytes()));
+    pieces.push(Bytes::from_static(b"</urlset>\n"));
     pieces
-}
-
-/// What a Change List of rendered entries ends with.
-const CHANGE_LIST_END: &str = "</urlset>\n";
-
-/// A Change List up to its first entry, with room for `size` bytes of entries.
-fn change_list_start(header: &ChangeListHeader, size: usize) -> Out {
-    let mut out = Out::with_capacity(512 + header_size(header) + size);
-    out.open_root("urlset", true);
-    out.header_md("changelist", header.from, header);
-    out.doc_links(&header.links);
-    out
 }
 
 /// Renders a Change List Index (`<sitemapindex>`, `<rs:md capability="changelist" from=..
