@@ -14,12 +14,12 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{HeaderMap, HeaderValue, HOST, USER_AGENT};
+use http::header::HeaderValue;
 use http::{StatusCode, Uri};
 use tokio::net::TcpStream;
 
 use super::client::is_private;
-use super::http1::{self, Buffers, ExchangeError};
+use super::http1::{self, Buffers, ExchangeError, HeaderLines};
 
 /// Most bytes of an answer's body read (and dropped) to keep the connection; a longer body
 /// closes it instead.
@@ -61,8 +61,8 @@ pub struct Callback {
     https: bool,
     host: String,
     port: u16,
-    /// `Host` header value.
-    authority: HeaderValue,
+    /// `Host` (the URL's authority) and `User-Agent`, the lines every request to it starts with.
+    lines: HeaderLines,
     /// The path and query, as sent on the request line (checked to be one).
     target: String,
 }
@@ -89,11 +89,18 @@ impl Callback {
             Some(q) => format!("{}?{q}", url.path()),
             None => url.path().to_string(),
         };
+        HeaderValue::try_from(authority.as_str()).ok()?;
+        let mut lines = HeaderLines::default();
+        lines.push("host", authority);
+        lines.push(
+            "user-agent",
+            concat!("changehub/", env!("CARGO_PKG_VERSION")),
+        );
         Some(Callback {
             https,
             host,
             port,
-            authority: HeaderValue::try_from(authority).ok()?,
+            lines,
             target: Uri::try_from(target.as_str()).ok().map(|_| target)?,
         })
     }
@@ -147,23 +154,18 @@ impl CallbackConn {
         }
     }
 
-    /// POSTs `body` with `headers` (and `Host`, `User-Agent`, `Content-Length`) to `to`,
-    /// within the deadline.
+    /// POSTs `body` with `headers` (after `Host` and `User-Agent`, then `Content-Length`) to
+    /// `to`, within the deadline.
     pub async fn post(
         &mut self,
         to: &Callback,
-        mut headers: HeaderMap,
+        headers: &HeaderLines,
         body: Bytes,
     ) -> Result<Answer, CallbackError> {
-        headers.insert(HOST, to.authority.clone());
-        headers.insert(
-            USER_AGENT,
-            HeaderValue::from_static(concat!("changehub/", env!("CARGO_PKG_VERSION"))),
-        );
         // `exchange` holds the connection while it works and keeps it only after a good
         // answer, so one that failed or ran out of time leaves no connection behind.
         let timeout = self.settings.timeout;
-        tokio::time::timeout(timeout, self.exchange(to, &headers, &body))
+        tokio::time::timeout(timeout, self.exchange(to, headers, &body))
             .await
             .unwrap_or(Err(CallbackError::Timeout(timeout)))
     }
@@ -176,7 +178,7 @@ impl CallbackConn {
     async fn exchange(
         &mut self,
         to: &Callback,
-        headers: &HeaderMap,
+        headers: &HeaderLines,
         body: &Bytes,
     ) -> Result<Answer, CallbackError> {
         let kept = self.stream.take();
@@ -204,14 +206,15 @@ impl CallbackConn {
         &mut self,
         stream: &mut Stream,
         to: &Callback,
-        headers: &HeaderMap,
+        headers: &HeaderLines,
         body: &Bytes,
     ) -> Result<http1::Response, ExchangeError> {
         let (target, buffers) = (to.target.as_str(), &mut self.buffers);
+        let lines = [&to.lines, headers];
         match stream {
-            Stream::Plain(s) => http1::post(s, buffers, target, headers, body, DRAIN_LIMIT).await,
+            Stream::Plain(s) => http1::post(s, buffers, target, &lines, body, DRAIN_LIMIT).await,
             Stream::Tls(s) => {
-                http1::post(s.as_mut(), buffers, target, headers, body, DRAIN_LIMIT).await
+                http1::post(s.as_mut(), buffers, target, &lines, body, DRAIN_LIMIT).await
             }
         }
     }
@@ -359,8 +362,12 @@ mod tests {
     }
 
     async fn post(conn: &mut CallbackConn, to: &Callback) -> Result<Answer, CallbackError> {
-        conn.post(to, HeaderMap::new(), Bytes::from_static(b"<urlset/>"))
-            .await
+        conn.post(
+            to,
+            &HeaderLines::default(),
+            Bytes::from_static(b"<urlset/>"),
+        )
+        .await
     }
 
     #[tokio::test]
@@ -466,11 +473,14 @@ mod tests {
         let c = callback("https://example.com/a/b?c=d&e");
         assert!(c.https);
         assert_eq!((c.host.as_str(), c.port), ("example.com", 443));
-        assert_eq!(c.authority, "example.com");
+        assert!(c
+            .lines
+            .as_bytes()
+            .starts_with(b"host: example.com\r\nuser-agent: changehub/"));
         assert_eq!(c.target, "/a/b?c=d&e");
         let c = callback("http://[::1]:8080/");
         assert_eq!((c.host.as_str(), c.port), ("::1", 8080));
-        assert_eq!(c.authority, "[::1]:8080");
+        assert!(c.lines.as_bytes().starts_with(b"host: [::1]:8080\r\n"));
         assert!(Callback::of(&url::Url::parse("ftp://example.com/").unwrap()).is_none());
     }
 }

@@ -14,10 +14,10 @@
 //! (1xx) answers skipped; `Connection: close` and HTTP/1.0 answers honoured. Whether the
 //! connection can carry the next request is part of the outcome.
 
+use std::fmt;
 use std::io::Write;
 
 use bytes::Bytes;
-use http::header::HeaderMap;
 use http::{HeaderValue, StatusCode};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
@@ -62,14 +62,76 @@ pub struct Buffers {
     read: Vec<u8>,
 }
 
-/// Writes `POST target` with `headers` (then `Content-Length`) and `body`, and reads the
-/// answer, dropping at most `drain_limit` bytes of its body: a longer body leaves the
+/// A request's header lines (`name: value` and CR LF each), written straight into bytes: a
+/// delivery's head is made of a part prebuilt for its subscription and a few lines of its
+/// own, with no header map built and dropped per request.
+///
+/// A value is checked as `HeaderValue` checks one (no control bytes but tab): nothing a
+/// subscriber or a publisher chose can add a header or end the head early. A value that
+/// fails the check (never expected: the hub makes or checks every value) is sent empty.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HeaderLines(Vec<u8>);
+
+impl HeaderLines {
+    pub fn with_capacity(bytes: usize) -> HeaderLines {
+        HeaderLines(Vec::with_capacity(bytes))
+    }
+
+    /// Adds `name: value`. `name` is the hub's own, lowercase.
+    pub fn push(&mut self, name: &str, value: impl AsRef<[u8]>) {
+        self.push_with(name, |out| out.extend_from_slice(value.as_ref()));
+    }
+
+    /// Adds `name: value` with `value` formatted in place.
+    pub fn push_display(&mut self, name: &str, value: impl fmt::Display) {
+        // Writing to a Vec cannot fail.
+        self.push_with(name, |out| drop(write!(out, "{value}")));
+    }
+
+    /// Adds `name:` and a value `write` appends to the buffer; returns the value's bytes.
+    pub fn push_with(&mut self, name: &str, write: impl FnOnce(&mut Vec<u8>)) -> &[u8] {
+        let out = &mut self.0;
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b": ");
+        let start = out.len();
+        write(out);
+        if !out[start..]
+            .iter()
+            .all(|&b| b == b'\t' || (b >= 0x20 && b != 0x7f))
+        {
+            out.truncate(start);
+        }
+        out.extend_from_slice(b"\r\n");
+        let end = out.len() - 2;
+        &out[start..end]
+    }
+
+    /// Adds every line of `other`.
+    pub fn extend(&mut self, other: &HeaderLines) {
+        self.0.extend_from_slice(&other.0);
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// Writes `POST target` with the header lines of `headers` in order (then `Content-Length`)
+/// and `body`, and reads the answer, dropping at most `drain_limit` bytes of its body: a longer body leaves the
 /// connection unfit for another request (`keep_alive` false) rather than being read.
 pub async fn post<S>(
     stream: &mut S,
     buffers: &mut Buffers,
     target: &str,
-    headers: &HeaderMap,
+    headers: &[&HeaderLines],
     body: &Bytes,
     drain_limit: usize,
 ) -> Result<Response, ExchangeError>
@@ -95,18 +157,14 @@ where
     answer
 }
 
-/// The request line and headers. Header values cannot hold CR or LF (`HeaderValue` refuses
-/// them), so nothing a subscriber chose can add a header or end the head early.
-fn write_head(out: &mut Vec<u8>, target: &str, headers: &HeaderMap, length: usize) {
+/// The request line and headers ([`HeaderLines`] holds only checked values).
+fn write_head(out: &mut Vec<u8>, target: &str, headers: &[&HeaderLines], length: usize) {
     out.clear();
     out.extend_from_slice(b"POST ");
     out.extend_from_slice(target.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
-    for (name, value) in headers {
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
+    for lines in headers {
+        out.extend_from_slice(lines.as_bytes());
     }
     // Writing to a Vec cannot fail.
     let _ = write!(out, "content-length: {length}\r\n\r\n");
@@ -418,18 +476,15 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::header::HeaderName;
 
     /// One POST to a server that answers it with the bytes `answer`, then closes: what `post`
     /// made of the answer, and the request as the server read it.
     async fn exchange(answer: &'static [u8]) -> (Result<Response, ExchangeError>, Vec<u8>) {
         let (mut client, mut server) = tokio::io::duplex(1 << 20);
-        let mut headers = HeaderMap::new();
-        headers.insert(http::header::HOST, HeaderValue::from_static("example.com"));
-        headers.insert(
-            HeaderName::from_static("x-hub-signature"),
-            HeaderValue::from_static("sha256=00"),
-        );
+        let mut host = HeaderLines::default();
+        host.push("host", "example.com");
+        let mut headers = HeaderLines::default();
+        headers.push("x-hub-signature", "sha256=00");
         let body = Bytes::from_static(b"<urlset/>");
         let mut buffers = Buffers::default();
         let server = tokio::spawn(async move {
@@ -443,7 +498,15 @@ mod tests {
             got.truncate(n);
             got
         });
-        let result = post(&mut client, &mut buffers, "/cb?x=1", &headers, &body, 1024).await;
+        let result = post(
+            &mut client,
+            &mut buffers,
+            "/cb?x=1",
+            &[&host, &headers],
+            &body,
+            1024,
+        )
+        .await;
         (result, server.await.unwrap())
     }
 
@@ -458,6 +521,20 @@ mod tests {
             String::from_utf8(request).unwrap(),
             "POST /cb?x=1 HTTP/1.1\r\nhost: example.com\r\nx-hub-signature: sha256=00\r\n\
              content-length: 9\r\n\r\n<urlset/>"
+        );
+    }
+
+    #[test]
+    fn a_value_with_a_control_byte_is_sent_empty_and_adds_no_line() {
+        let mut lines = HeaderLines::default();
+        lines.push("link", "<x>\r\nevil: 1");
+        lines.push_display("x-changehub-first", 7);
+        let value = lines.push_with("x-hub-signature", |out| out.extend_from_slice(b"a\nb"));
+        assert!(value.is_empty());
+        lines.push("x-tab", "a\tb");
+        assert_eq!(
+            std::str::from_utf8(lines.as_bytes()).unwrap(),
+            "link: \r\nx-changehub-first: 7\r\nx-hub-signature: \r\nx-tab: a\tb\r\n"
         );
     }
 

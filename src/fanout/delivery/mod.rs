@@ -33,7 +33,7 @@ use crate::batcher::{render_notification, ChannelFeed};
 use crate::external::{Content, ContentRetry};
 use crate::model::{DeliveryState, PendingDelivery, Subscription};
 use crate::net::callback::CallbackConn;
-use post::{deliver, post, Payload, Target};
+use post::{deliver, post, DeliveryId, Payload, Target};
 use settle::{settle, ContentAttempts, Policy, Settled, What};
 
 type ContentRx = watch::Receiver<Option<Arc<Content>>>;
@@ -291,7 +291,10 @@ impl Worker {
             body: content.body.clone(),
             content_type: content.content_type.as_deref(),
             extra_links: &content.links,
-            delivery_id: format!("{}-c{}", sub.id, content.version),
+            delivery_id: DeliveryId::Content {
+                sub: &sub.id,
+                version: content.version,
+            },
             seqs: None,
             epoch: None,
         };

@@ -2,7 +2,7 @@
 //! channel, the delivery id, the seq range, the signature) and what the answer means.
 
 use bytes::Bytes;
-use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, LINK};
+use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -10,15 +10,8 @@ use crate::fanout::Fanout;
 use crate::model::signature;
 use crate::model::Subscription;
 use crate::net::callback::{Callback, CallbackConn};
+use crate::net::http1::HeaderLines;
 use crate::{net, retry};
-
-const CHANNEL: HeaderName = HeaderName::from_static("x-changehub-channel");
-const DELIVERY: HeaderName = HeaderName::from_static("x-changehub-delivery");
-const WEBHOOK_ID: HeaderName = HeaderName::from_static("webhook-id");
-const FIRST: HeaderName = HeaderName::from_static("x-changehub-first");
-const LAST: HeaderName = HeaderName::from_static("x-changehub-last");
-const EPOCH: HeaderName = HeaderName::from_static("x-changehub-epoch");
-const SIGNATURE: HeaderName = HeaderName::from_static("x-hub-signature");
 
 /// What one delivery attempt came to.
 #[derive(Debug)]
@@ -33,13 +26,13 @@ pub(super) enum Outcome {
 }
 
 /// What every POST to one version of a subscription shares, made once (not per delivery):
-/// the parsed and checked callback URL, and the headers that never change.
+/// the parsed and checked callback URL, and the header lines that never change.
 pub(super) struct Target {
     pub(super) sub: Arc<Subscription>,
     /// The callback, or why nothing can be sent to it.
     callback: Result<Callback, String>,
     /// `Link: <hub>; rel="hub", <topic>; rel="self"` and `X-Changehub-Channel`.
-    headers: HeaderMap,
+    lines: HeaderLines,
 }
 
 impl Target {
@@ -56,24 +49,49 @@ impl Target {
             fanout.config.urls.hub(),
             sub.topic
         );
-        let mut headers = HeaderMap::new();
-        headers.insert(LINK, header_value(link));
-        headers.insert(CHANNEL, header_value(sub.channel.as_str()));
+        let mut lines = HeaderLines::default();
+        lines.push("link", link);
+        lines.push("x-changehub-channel", &sub.channel);
         Target {
             callback,
-            headers,
+            lines,
             sub,
         }
     }
 }
 
-/// A header value from text the hub made or checked (URLs, channel names); a value that is
-/// not one (never expected) is sent empty rather than failing the delivery.
-fn header_value<T>(s: T) -> HeaderValue
-where
-    HeaderValue: TryFrom<T>,
-{
-    HeaderValue::try_from(s).unwrap_or_else(|_| HeaderValue::from_static(""))
+/// `X-Changehub-Delivery` and `webhook-id`: the same on every retry of the same payload.
+pub(super) enum DeliveryId<'a> {
+    /// A Change List notification. The epoch is in the id: after the log starts again, the
+    /// same seqs are other changes.
+    Seqs {
+        sub: &'a str,
+        epoch: Option<&'a str>,
+        first: u64,
+        last: u64,
+    },
+    /// A version of an external topic's content.
+    Content { sub: &'a str, version: u64 },
+}
+
+impl fmt::Display for DeliveryId<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeliveryId::Seqs {
+                sub,
+                epoch: Some(epoch),
+                first,
+                last,
+            } => write!(f, "{sub}-{epoch}-{first}-{last}"),
+            DeliveryId::Seqs {
+                sub,
+                epoch: None,
+                first,
+                last,
+            } => write!(f, "{sub}-{first}-{last}"),
+            DeliveryId::Content { sub, version } => write!(f, "{sub}-c{version}"),
+        }
+    }
 }
 
 /// What one POST carries.
@@ -83,8 +101,7 @@ pub(super) struct Payload<'a> {
     pub(super) content_type: Option<&'a str>,
     /// `Link` values sent after the hub's own `rel=hub` / `rel=self` header.
     pub(super) extra_links: &'a [String],
-    /// `X-Changehub-Delivery` and `webhook-id`: the same on every retry of the same payload.
-    pub(super) delivery_id: String,
+    pub(super) delivery_id: DeliveryId<'a>,
     /// The seq range of a Change List notification (`X-Changehub-First` / `-Last`).
     pub(super) seqs: Option<(u64, u64)>,
     /// The epoch of the log those seqs belong to (`X-Changehub-Epoch`).
@@ -99,11 +116,11 @@ pub(super) async fn deliver(
     (first, last): (u64, u64),
     epoch: Option<&str>,
 ) -> Outcome {
-    let sub = &target.sub;
-    // The epoch is in the id: after the log starts again, the same seqs are other changes.
-    let delivery_id = match epoch {
-        Some(epoch) => format!("{}-{epoch}-{first}-{last}", sub.id),
-        None => format!("{}-{first}-{last}", sub.id),
+    let delivery_id = DeliveryId::Seqs {
+        sub: &target.sub.id,
+        epoch,
+        first,
+        last,
     };
     let payload = Payload {
         body,
@@ -134,33 +151,30 @@ pub(super) async fn post(
         }
     };
     let sub = &target.sub;
-    // Room for every header of a delivery (the connection adds `Host`, `User-Agent` and
-    // `Content-Length`), so that the map never grows while it is filled.
-    let mut headers = HeaderMap::with_capacity(16);
-    for (name, value) in &target.headers {
-        headers.insert(name, value.clone());
-    }
-    let delivery_id = header_value(payload.delivery_id);
-    headers.insert(DELIVERY, delivery_id.clone());
-    headers.insert(WEBHOOK_ID, delivery_id);
+    // Room for every line of a delivery's head, so that it is made with one allocation.
+    let mut lines = HeaderLines::with_capacity(target.lines.len() + 512);
+    lines.extend(&target.lines);
+    lines.push_display("x-changehub-delivery", &payload.delivery_id);
+    lines.push_display("webhook-id", &payload.delivery_id);
     for extra in payload.extra_links {
-        headers.append(LINK, header_value(extra.as_str()));
+        lines.push("link", extra);
     }
     if let Some(ct) = payload.content_type {
-        headers.insert(CONTENT_TYPE, header_value(ct));
+        lines.push("content-type", ct);
     }
     if let Some((first, last)) = payload.seqs {
-        headers.insert(FIRST, HeaderValue::from(first));
-        headers.insert(LAST, HeaderValue::from(last));
+        lines.push_display("x-changehub-first", first);
+        lines.push_display("x-changehub-last", last);
     }
     if let Some(epoch) = payload.epoch {
-        headers.insert(EPOCH, header_value(epoch));
+        lines.push("x-changehub-epoch", epoch);
     }
     if let Some(secret) = &sub.secret {
-        let value = signature::signature(sub.algorithm, secret.as_bytes(), &payload.body);
-        headers.insert(SIGNATURE, header_value(value));
+        lines.push_with("x-hub-signature", |out| {
+            signature::write_signature(sub.algorithm, secret.as_bytes(), &payload.body, out)
+        });
     }
-    match conn.post(callback, headers, payload.body).await {
+    match conn.post(callback, &lines, payload.body).await {
         Ok(answer) if answer.status.is_success() => Outcome::Delivered,
         Ok(answer) if answer.status == http::StatusCode::GONE => Outcome::Gone,
         Ok(answer) => {
