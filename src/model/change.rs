@@ -57,8 +57,41 @@ impl fmt::Display for ChangeType {
 pub struct Link {
     pub rel: String,
     pub href: String,
-    #[serde(flatten)]
+    #[serde(flatten, deserialize_with = "unique_attrs")]
     pub attrs: BTreeMap<String, String>,
+}
+
+/// A link's other attributes, refusing one given twice (a plain map would keep the last):
+/// with `rel` and `href`, which serde refuses twice itself, a change's JSON then cannot name
+/// any key twice without failing to parse, and ingest needs no separate walk to find out.
+fn unique_attrs<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, String>, D::Error> {
+    struct Attrs;
+    impl<'de> serde::de::Visitor<'de> for Attrs {
+        type Value = BTreeMap<String, String>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a link's attributes")
+        }
+
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut map: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut attrs = BTreeMap::new();
+            while let Some((name, value)) = map.next_entry::<String, String>()? {
+                if attrs.contains_key(&name) {
+                    return Err(serde::de::Error::custom(format!(
+                        "the key {name:?} appears twice"
+                    )));
+                }
+                attrs.insert(name, value);
+            }
+            Ok(attrs)
+        }
+    }
+    d.deserialize_map(Attrs)
 }
 
 /// A change as a source describes it, before the store gives it a seq.
