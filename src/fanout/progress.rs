@@ -42,13 +42,15 @@ pub struct Progress {
     closed: CancellationToken,
 }
 
-/// The states that readers must take from memory.
+/// The states that readers must take from memory. Every delivery looks its subscription up
+/// here: the maps hash with foldhash (seeded per process), not SipHash, which took 2% of the
+/// delivery thread at 1,000 subscribers.
 #[derive(Default)]
 struct States {
     /// Recorded since the last batch was taken.
-    dirty: HashMap<String, DeliveryState>,
+    dirty: foldhash::HashMap<String, DeliveryState>,
     /// The batch being written: the store may not hold it yet.
-    writing: HashMap<String, DeliveryState>,
+    writing: foldhash::HashMap<String, DeliveryState>,
 }
 
 impl States {

@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 use super::Fanout;
 use crate::batcher::{render_notification, ChannelFeed};
 use crate::external::{Content, ContentRetry};
-use crate::model::{DeliveryState, PendingDelivery, Subscription};
+use crate::model::{DeliveryState, Notification, PendingDelivery, Subscription};
 use crate::net::callback::CallbackConn;
 use post::{deliver, post, DeliveryId, Payload, Target};
 use settle::{settle, ContentAttempts, Policy, Settled, What};
@@ -195,7 +195,13 @@ impl Worker {
 
     /// Sends the seqs `range` as one Change List notification and settles the outcome.
     async fn deliver_range(&mut self, sub: &Subscription, range: (u64, u64)) -> ControlFlow<()> {
-        let Some((first, last, body)) = self.body(sub, range).await? else {
+        let Some(Body {
+            first,
+            last,
+            bytes: body,
+            accepted_at,
+        }) = self.body(sub, range).await?
+        else {
             return ControlFlow::Continue(());
         };
         let epoch = self.feed.known_origin().map(|o| o.epoch.clone());
@@ -215,13 +221,8 @@ impl Worker {
         settled.record(&mut self.state, sub, What::Seqs(first, last), now);
         if settled == Settled::Delivered {
             self.feed.count_delivered();
-            // From the 202 of these changes, when the batcher's notification is still at hand.
-            if let Some(at) = self
-                .feed
-                .cached(first)
-                .filter(|n| n.last == last)
-                .and_then(|n| n.accepted_at)
-            {
+            // From the 202 of these changes, when the body was the batcher's notification.
+            if let Some(at) = accepted_at {
                 metrics::histogram!("changehub_delivery_latency_seconds").record(at.elapsed());
             }
         }
@@ -241,9 +242,9 @@ impl Worker {
         &mut self,
         sub: &Subscription,
         (from, to): (u64, u64),
-    ) -> ControlFlow<(), Option<(u64, u64, Bytes)>> {
+    ) -> ControlFlow<(), Option<Body>> {
         if let Some(n) = self.feed.cached(from).filter(|n| n.last == to) {
-            return ControlFlow::Continue(Some((n.first, n.last, n.body.clone())));
+            return ControlFlow::Continue(Some(Body::of(&n)));
         }
         let limit = (to - from + 1) as usize;
         let (store, config, channel) = (&self.fanout.store, &self.fanout.config, &self.channel);
@@ -272,7 +273,7 @@ impl Worker {
                 self.persist(sub);
                 ControlFlow::Continue(None)
             }
-            Ok(Some(n)) => ControlFlow::Continue(Some((n.first, n.last, n.body.clone()))),
+            Ok(Some(n)) => ControlFlow::Continue(Some(Body::of(&n))),
             Err(e) => {
                 if !e.logged_by_store() {
                     tracing::warn!(error = %e, "cannot read the log for delivery; retrying");
@@ -332,6 +333,26 @@ impl Worker {
     fn persist(&self, sub: &Subscription) {
         if !self.cancel.is_cancelled() {
             self.fanout.progress.record(&sub.id, &self.state);
+        }
+    }
+}
+
+/// A notification as a delivery sends it: its seqs, its shared bytes, and when its first
+/// change was accepted (`None` when it was rendered again from the log).
+struct Body {
+    first: u64,
+    last: u64,
+    bytes: Bytes,
+    accepted_at: Option<std::time::Instant>,
+}
+
+impl Body {
+    fn of(n: &Notification) -> Body {
+        Body {
+            first: n.first,
+            last: n.last,
+            bytes: n.body.clone(),
+            accepted_at: n.accepted_at,
         }
     }
 }
