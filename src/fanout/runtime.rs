@@ -15,7 +15,9 @@ const NICENESS: i32 = 10;
 /// A multi-thread runtime for the delivery workers and the batchers that wake them: one
 /// thread per two cores (at least one). On two cores one thread measured less CPU per
 /// delivery than two (38 against 51 µs at 1,000 subscribers, one bench run each) and leaves
-/// the other core to ingest.
+/// the other core to ingest. Two threads at normal priority deliver more when the receiver
+/// shares the machine (0.52–0.59 of `wrk` at 1,000 subscribers against 0.38–0.42), but a
+/// publish's 202 p99 then rises from 4–5 ms to 6–9 ms; docs/performance.md has the runs.
 pub struct DeliveryRuntime {
     runtime: Option<Runtime>,
 }
