@@ -189,7 +189,10 @@ pub async fn idempotency_keys_replay_and_conflict(e: &dyn Engine) {
     let conflict = s
         .append("c", changes("b", 1), key("k1", "other"), now)
         .await;
-    assert!(matches!(conflict, Err(StoreError::IdempotencyConflict)));
+    assert!(
+        matches!(conflict, Err(StoreError::IdempotencyConflict)),
+        "{conflict:?}"
+    );
     // Keys are per channel.
     let d = s
         .append("d", changes("a", 1), key("k1", "fp"), now)
@@ -952,6 +955,22 @@ fn sent(loc: &str, kind: ChangeType, who: Option<&str>, when: &str) -> NewChange
     }
 }
 
+/// FeedSync items by loc.
+type Items = std::collections::BTreeMap<String, SyncState>;
+
+/// What change `new` makes of its resource's item in `items`, as the model computes it.
+fn record(items: &mut Items, new: &NewChange) {
+    let current = items.remove(&new.loc);
+    let sync = feedsync::record_local(
+        current,
+        &new.loc,
+        new.source.as_deref(),
+        new.datetime.unwrap(),
+        new.change == ChangeType::Deleted,
+    );
+    items.insert(new.loc.clone(), sync);
+}
+
 /// Every change updates its resource's FeedSync item as `feedsync::record_local` says
 /// (creation, updates by the same and by another endpoint, a tombstone, a change without a
 /// publisher), on every engine and across a reopening.
@@ -1009,17 +1028,9 @@ pub async fn feedsync_items_follow_every_change(e: &dyn Engine) {
             "2024-01-01T00:00:08Z",
         ),
     ];
-    let mut expected: std::collections::BTreeMap<String, SyncState> = Default::default();
+    let mut expected = Items::default();
     for new in &script {
-        let current = expected.remove(&new.loc);
-        let sync = feedsync::record_local(
-            current,
-            &new.loc,
-            new.source.as_deref(),
-            new.datetime.unwrap(),
-            new.change == ChangeType::Deleted,
-        );
-        expected.insert(new.loc.clone(), sync);
+        record(&mut expected, new);
     }
     // Three appends: one item is updated twice in one append, and again in the next; another
     // is updated by the same endpoint in later appends (deleted, then created again).
@@ -1051,7 +1062,7 @@ pub async fn feedsync_items_follow_every_change(e: &dyn Engine) {
     check_items(e.open().as_ref(), &expected).await;
 }
 
-async fn check_items(s: &dyn Store, expected: &std::collections::BTreeMap<String, SyncState>) {
+async fn check_items(s: &dyn Store, expected: &Items) {
     let page = s.sync_items("c", 0, 10).await.unwrap();
     assert_eq!(page.last, 9);
     let got: Vec<(u64, &str)> = page
@@ -1081,9 +1092,69 @@ async fn check_items(s: &dyn Store, expected: &std::collections::BTreeMap<String
     assert_eq!(s.sync_items("c", 7, 10).await.unwrap().items.len(), 1);
 }
 
-/// A merge is appended only if nothing it read has moved; its items take their merged state,
-/// their changes record the conflicts, the conflicts are listed, and an update by the
-/// conflicting endpoint resolves them.
+/// Within one append an item changes hands and back: each change sees the item the one before
+/// it left, whatever form the store keeps it in (on Redis, counted items are expanded from the
+/// change before them in the same call, or from the index).
+pub async fn feedsync_items_change_endpoints_within_one_append(e: &dyn Engine) {
+    let s = e.open();
+    let now = at("2024-01-01T00:00:00Z");
+    let y = |kind, who, when| sent("y", kind, Some(who), when);
+    let z = |kind, who, when| sent("z", kind, Some(who), when);
+    let seconds = |when: &str| Some(at(when).unix_timestamp());
+    let appends = [
+        vec![
+            y(ChangeType::Created, "alice", "2024-01-01T00:00:01Z"),
+            z(ChangeType::Created, "alice", "2024-01-01T00:00:02Z"),
+            y(ChangeType::Deleted, "alice", "2024-01-01T00:00:03Z"),
+            y(ChangeType::Created, "bob", "2024-01-01T00:00:04Z"),
+            z(ChangeType::Updated, "alice", "2024-01-01T00:00:05Z"),
+        ],
+        vec![
+            z(ChangeType::Updated, "bob", "2024-01-01T00:00:06Z"),
+            z(ChangeType::Deleted, "bob", "2024-01-01T00:00:07Z"),
+            y(ChangeType::Updated, "alice", "2024-01-01T00:00:08Z"),
+        ],
+    ];
+    let mut expected = Items::default();
+    for changes in appends {
+        for new in &changes {
+            record(&mut expected, new);
+        }
+        s.append("c", changes, None, now).await.unwrap();
+        for (loc, sync) in &expected {
+            let got = s.sync_item("c", loc).await.unwrap().unwrap();
+            assert_eq!(&got.sync, sync, "{loc}");
+        }
+        let history = |loc: &str| {
+            expected[&format!("http://example.com/{loc}")]
+                .history
+                .iter()
+                .map(|h| (h.sequence, h.by.clone(), h.when))
+                .collect::<Vec<_>>()
+        };
+        let entry = |seq: u32, by: &str, when| (seq, Some(by.to_string()), seconds(when));
+        if expected["http://example.com/z"].updates == 2 {
+            // alice's entry of y is her deletion's, not her creation's.
+            assert_eq!(
+                history("y"),
+                [
+                    entry(3, "bob", "2024-01-01T00:00:04Z"),
+                    entry(2, "alice", "2024-01-01T00:00:03Z")
+                ]
+            );
+        } else {
+            assert_eq!(
+                history("z"),
+                [
+                    entry(4, "bob", "2024-01-01T00:00:07Z"),
+                    entry(2, "alice", "2024-01-01T00:00:05Z")
+                ]
+            );
+        }
+    }
+}
+
+/// Bridge cursors are kept apart per channel and per bridge, and move only when put.
 pub async fn bridge_cursors_are_kept_per_channel_and_bridge(e: &dyn Engine) {
     let s = e.open();
     assert_eq!(s.bridge_cursor("c", "xmpp").await.unwrap(), None);
@@ -1098,6 +1169,9 @@ pub async fn bridge_cursors_are_kept_per_channel_and_bridge(e: &dyn Engine) {
     assert_eq!(s.bridge_cursor("c", "xmpp").await.unwrap(), Some(9));
 }
 
+/// A merge is appended only if nothing it read has moved; its items take their merged state,
+/// their changes record the conflicts, the conflicts are listed, and an update by the
+/// conflicting endpoint resolves them.
 pub async fn merges_are_appended_only_onto_what_they_read(e: &dyn Engine) {
     let s = e.open();
     let now = at("2024-01-01T00:00:00Z");
@@ -1254,6 +1328,7 @@ macro_rules! contract_tests {
                 index_matches_the_log_after_concurrent_appends,
                 concurrent_appends_each_get_their_own_outcome,
                 feedsync_items_follow_every_change,
+                feedsync_items_change_endpoints_within_one_append,
                 merges_are_appended_only_onto_what_they_read,
                 bridge_cursors_are_kept_per_channel_and_bridge,
             );
@@ -1396,6 +1471,81 @@ async fn redis_older_data_is_indexed_on_first_use() {
         .await
         .unwrap();
     assert_eq!(indexed.as_deref(), Some("1"));
+}
+
+/// On Redis the common FeedSync item (one publisher's updates) is stored counted, not as JSON;
+/// an item stored as JSON (as older hubs stored every item) is read as it is, and counted from
+/// its next update once it has the common shape.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_common_items_are_counted_and_older_ones_read() {
+    use ::redis::AsyncCommands;
+    let server = redis_server::RedisServer::start(false);
+    let s = changehub::store::RedisStore::open(&server.url()).unwrap();
+    let now = at("2024-01-01T00:00:00Z");
+    let client = ::redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let sx = "changehub:{c}:sx";
+    let loc = |name: &str| format!("http://example.com/{name}");
+    let by_alice = |name, kind, when| sent(name, kind, Some("alice"), when);
+    s.append(
+        "c",
+        vec![
+            by_alice("o", ChangeType::Created, "2024-01-01T00:00:01Z"),
+            by_alice("o", ChangeType::Updated, "2024-01-01T00:00:02Z"),
+            by_alice("p", ChangeType::Created, "2024-01-01T00:00:03Z"),
+        ],
+        None,
+        now,
+    )
+    .await
+    .unwrap();
+    let stored: String = conn.hget(sx, loc("o")).await.unwrap();
+    assert_eq!(stored, "2 alice");
+
+    // Items as an older hub wrote them: o in the common shape, p with its sequence ahead of
+    // its updates (as a merge can leave it).
+    let older = |name: &str, updates: u32, sequence: u32| {
+        format!(
+            r#"{{"id":"http:%2F%2Fexample.com%2F{name}","updates":{updates},"history":[{{"sequence":{sequence},"when":1704067203,"by":"alice"}}]}}"#
+        )
+    };
+    let _: () = conn
+        .hset_multiple(
+            sx,
+            &[(loc("o"), older("o", 5, 5)), (loc("p"), older("p", 5, 7))],
+        )
+        .await
+        .unwrap();
+    let mut expected = std::collections::BTreeMap::new();
+    for name in ["o", "p"] {
+        let read = s.sync_item("c", &loc(name)).await.unwrap().unwrap();
+        assert_eq!(read.sync.updates, 5);
+        expected.insert(name, read.sync);
+    }
+    assert_eq!(expected["p"].history[0].sequence, 7);
+    for (round, when) in ["2024-01-01T00:00:04Z", "2024-01-01T00:00:05Z"]
+        .into_iter()
+        .enumerate()
+    {
+        let mut changes = Vec::new();
+        for name in ["o", "p"] {
+            let sync = expected.remove(name).unwrap();
+            expected.insert(
+                name,
+                feedsync::record_local(Some(sync), &loc(name), Some("alice"), at(when), true),
+            );
+            changes.push(by_alice(name, ChangeType::Deleted, when));
+        }
+        s.append("c", changes, None, now).await.unwrap();
+        for name in ["o", "p"] {
+            let read = s.sync_item("c", &loc(name)).await.unwrap().unwrap();
+            assert_eq!(read.sync, expected[name], "{name}, round {round}");
+        }
+        let o: String = conn.hget(sx, loc("o")).await.unwrap();
+        let p: String = conn.hget(sx, loc("p")).await.unwrap();
+        assert_eq!(o, format!("{} alice", 6 + round), "counted from now on");
+        assert!(p.starts_with('{'), "the sequence stays ahead: JSON ({p})");
+    }
 }
 
 /// How many `EVALSHA` calls `server` ran since its statistics were last reset.

@@ -1,5 +1,7 @@
-//! FeedSync items on Redis: `changehub:{c}:sx` (hash: loc → the item's `SyncState` as JSON)
-//! and `changehub:{c}:sx-conflicts` (sorted set, all scores 0: the locs whose items carry
+//! FeedSync items on Redis: `changehub:{c}:sx` (hash: loc → the item's `SyncState` as JSON,
+//! or counted: `UPDATES PUBLISHER` for the common item, one update after another by one
+//! publisher, whose other fields the resource's latest change implies) and
+//! `changehub:{c}:sx-conflicts` (sorted set, all scores 0: the locs whose items carry
 //! conflicts, in loc order), in the channel's slot.
 //!
 //! The append script updates the items of the changes it logs (`scripts/feedsync.lua`, loaded
@@ -53,13 +55,38 @@ pub(super) fn tail_conflicts(json: &[u8]) -> u32 {
         .unwrap_or(0)
 }
 
-/// The item of a resource: stored, or implied by its latest change.
+/// The item of a resource whose latest change is `change`: stored as JSON, stored counted, or
+/// (none stored) implied by that change.
 fn item(change: &crate::model::Change, stored: &[u8]) -> Result<SyncState, StoreError> {
-    if stored.is_empty() {
-        Ok(feedsync::implied(change))
-    } else {
-        decode(stored)
+    match stored.first() {
+        None => Ok(feedsync::implied(change)),
+        Some(b'{') => decode(stored),
+        Some(_) => counted(change, stored),
     }
+}
+
+/// A counted item (`UPDATES PUBLISHER`, see `scripts/feedsync.lua`): the item of `change`'s
+/// publisher with one history entry, whose sequence is the number of updates; the rest is what
+/// `change`, the resource's latest change, implies.
+fn counted(change: &crate::model::Change, stored: &[u8]) -> Result<SyncState, StoreError> {
+    let bad = || {
+        StoreError::Corrupt(format!(
+            "the FeedSync item of {} is not readable: {:?}",
+            change.loc,
+            String::from_utf8_lossy(stored)
+        ))
+    };
+    let text = std::str::from_utf8(stored).map_err(|_| bad())?;
+    let (updates, by) = text.split_once(' ').ok_or_else(bad)?;
+    let updates: u32 = updates.parse().map_err(|_| bad())?;
+    let mut sync = feedsync::implied(change);
+    let own = sync.history.first().and_then(|h| h.by.as_deref());
+    if updates == 0 || own != Some(by) {
+        return Err(bad());
+    }
+    sync.updates = updates;
+    sync.history[0].sequence = updates;
+    Ok(sync)
 }
 
 pub(super) async fn page(

@@ -15,7 +15,7 @@
 //! | `changehub:{c}:meta` | hash | `last` (newest seq), `oldest` (first retained seq), `dt` (latest datetime key), `published` (what the owner announced), `indexed` (the resource index is complete), `created` (when the channel began, a datetime key) |
 //! | `changehub:{c}:res` | hash | resource index: loc → the log entry of its latest change |
 //! | `changehub:{c}:res-seq` | sorted set | resource index: loc by the seq of its latest change |
-//! | `changehub:{c}:sx` | hash | FeedSync items: loc → its sync metadata (JSON), written by the append script |
+//! | `changehub:{c}:sx` | hash | FeedSync items: loc → its sync metadata, written by the append script: `UPDATES PUBLISHER` for one publisher's updates (the rest implied by the resource's latest change), otherwise JSON |
 //! | `changehub:{c}:sx-conflicts` | sorted set | the locs whose FeedSync items carry conflicts (scores 0: loc order) |
 //! | `changehub:{c}:idem` | hash | idempotency key → `at first last accepted fingerprint` |
 //! | `changehub:{c}:idem-at` | sorted set | idempotency key by time, to forget them after 24 h |

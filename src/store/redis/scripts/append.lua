@@ -32,9 +32,7 @@ local function flush_index()
 end
 -- Every item the call may update is read at once (those of a request that turns out to be a
 -- replay too: rare, and harmless).
-local locs = {}
-for i = 1, total do locs[i] = ARGV[loc0 + i] end
-sx_prefetch(KEYS[7], locs)
+sx_prefetch(KEYS[7], loc0, total)
 
 -- The outcome of a request with idempotency key `key`: nil when it is to be appended.
 local function seen(key, fp, now)
@@ -64,11 +62,13 @@ for j = 0, r - 1 do
         e = latest .. string.sub(e, 24)
       end
       last = last + 1
-      e = sx_record(KEYS[7], loc, e, d)
-      redis.call('XADD', KEYS[1], string.format('%d-0', last), 'e', e)
+      e = sx_record(KEYS[5], loc, e, d)
+      -- The entry's id is SEQ-0: XADD takes SEQ for it, the index's score is SEQ too.
+      local id = string.format('%d', last)
+      redis.call('XADD', KEYS[1], id, 'e', e)
       entries[#entries + 1] = loc
       entries[#entries + 1] = e
-      scores[#scores + 1] = last
+      scores[#scores + 1] = id
       scores[#scores + 1] = loc
       if #entries >= 1000 then flush_index() end
       latest = d

@@ -1,14 +1,20 @@
 -- FeedSync items (see feedsync.rs): functions the append script (append.lua) and the merge
 -- script (feedsync_merge.lua) share; loaded in front of them, as one script.
--- An item is the JSON of a SyncState (src/model/feedsync.rs) in the hash `sx`, keyed by loc;
--- the sorted set `sx-conflicts` holds the locs whose items carry conflicts.
+-- An item is a SyncState (src/model/feedsync.rs) in the hash `sx`, keyed by loc; the sorted set
+-- `sx-conflicts` holds the locs whose items carry conflicts.
 -- The caller's KEYS[7] is `sx`, KEYS[8] `sx-conflicts`.
+-- An item of the common shape (one history entry, by a publisher, whose sequence equals the
+-- item's number of updates; no conflicts, no `noconflicts`, the id the hub gives the loc) is
+-- stored counted, as 'UPDATES PUBLISHER': its id, when and deleted are those the resource's
+-- latest change implies (its entry in `res`, written with it), as feedsync.rs reads it. Any
+-- other item is stored as its JSON.
 -- sx_record must compute what feedsync::record_local computes, and is checked against it by
 -- the store contract (tests/store_contract.rs).
--- sx_items holds, per loc recorded by this script, its item: a table, or (the common case:
--- one history entry, no conflicts) its JSON as written by sx_simple. sx_had tells whether the
--- stored item carried conflicts (it is then in `sx-conflicts`).
-local sx_items, sx_order, sx_merged, sx_had, sx_stored = {}, {}, {}, {}, {}
+-- sx_items holds, per loc of the call, its item: a table, or a string (counted, or JSON as
+-- stored; once recorded, only counted). sx_order lists the locs recorded, sx_prev holds the
+-- entry of each one's latest change in this call. sx_had tells whether the stored item
+-- carried conflicts (it is then in `sx-conflicts`).
+local sx_items, sx_order, sx_merged, sx_had, sx_prev = {}, {}, {}, {}, {}
 
 -- The item id of a loc: every byte that is not plain in an RFC 2141 NSS percent-encoded.
 local function sx_id(loc)
@@ -80,15 +86,6 @@ local function sx_update(item, by, when, deleted)
   return item
 end
 
--- The JSON of a simple item: one history entry by endpoint `by`, no conflicts. Written by
--- hand in one fixed shape (serde reads any order), so that the next update of the same
--- endpoint can recognise it with one pattern instead of decoding and encoding it.
-local function sx_simple(id, updates, seq, when, by, deleted)
-  return string.format('{"id":"%s","updates":%d,"history":[{"sequence":%d,"when":%d,"by":"%s"}]%s}',
-    id, updates, seq, when, by, deleted and ',"deleted":true' or '')
-end
-local SX_SIMPLE = '^{"id":"([^"]*)","updates":(%d+),"history":%[{"sequence":(%d+),"when":%-?%d+,"by":"([^"\\]*)"}%](.*)$'
-
 -- Whether log entry `e` of `loc` is a deletion. The entry's JSON starts with
 -- {"loc":"LOC","change":"KIND"; when LOC needed no escaping in JSON (nearly always), KIND is
 -- at a known place and is looked at there (a pattern match per change cost more than the rest
@@ -103,31 +100,53 @@ local function sx_deleted(e, loc)
 end
 
 -- The publisher of log entry `e`, from its last field `,"source":"NAME"}` (nil when it has
--- none). Every change of one request has the same publisher: after the first, a plain
--- comparison of the entry's end with the last one found does (a call that appends several
--- requests matches again where the publisher changes).
-local sx_last_by, sx_last_tail
+-- none), and the suffix of a counted item of that publisher (' NAME'). Every change of one
+-- request has the same publisher: after the first, a plain comparison of the entry's end with
+-- the last one found does (a call that appends several requests matches again where the
+-- publisher changes).
+local sx_last_by, sx_last_tail, sx_last_suffix
 local function sx_by(e)
   if sx_last_tail and string.find(e, sx_last_tail, #e - #sx_last_tail + 1, true) then
-    return sx_last_by
+    return sx_last_by, sx_last_suffix
   end
   local by = string.match(e, ',"source":"([^"\\]+)"}$')
   if by then
-    sx_last_by, sx_last_tail = by, ',"source":"' .. by .. '"}'
+    sx_last_by, sx_last_tail, sx_last_suffix = by, ',"source":"' .. by .. '"}', ' ' .. by
   end
-  return by
+  return by, sx_last_suffix
 end
 
--- Reads the stored items of `locs` with HMGET, in pieces, before the changes are recorded.
-local function sx_prefetch(key, locs)
+-- The number of updates of a counted item `raw` whose endpoint is the one of `suffix`, nil
+-- when `raw` is not one (a JSON item, or counted for another endpoint).
+local function sx_count(raw, suffix)
+  local at = #raw - #suffix + 1
+  if at > 1 and string.find(raw, suffix, at, true) == at then
+    return tonumber(string.sub(raw, 1, at - 1))
+  end
+  return nil
+end
+
+-- Reads the stored items of the locs ARGV[first + 1] to ARGV[first + n] with HMGET, in
+-- pieces, before their changes are recorded: every loc recorded is in sx_items from then on
+-- (false: no item yet).
+local function sx_prefetch(key, first, n)
   local piece = {}
   local function fetch()
     local raws = redis.call('HMGET', key, unpack(piece))
-    for j, loc in ipairs(piece) do sx_stored[loc] = raws[j] or false end
+    for j = 1, #piece do
+      local loc, raw = piece[j], raws[j]
+      sx_items[loc] = raw
+      -- Only a JSON item can carry conflicts.
+      if raw and string.byte(raw, 1) == 123 then
+        sx_had[loc] = string.find(raw, '"conflicts":', 1, true) ~= nil
+      end
+    end
     piece = {}
   end
-  for _, loc in ipairs(locs) do
-    if sx_stored[loc] == nil then
+  for i = first + 1, first + n do
+    local loc = ARGV[i]
+    if sx_items[loc] == nil then
+      sx_items[loc] = false
       piece[#piece + 1] = loc
       if #piece >= 500 then fetch() end
     end
@@ -135,52 +154,66 @@ local function sx_prefetch(key, locs)
   if #piece > 0 then fetch() end
 end
 
+-- The item that counted item `raw` of `loc` stands for, given `prev`, the entry of the loc's
+-- latest change (the one that made `raw`).
+local function sx_expand(raw, loc, prev)
+  local u, by = string.match(raw, '^(%d+) (.+)$')
+  if not u or not prev then
+    return error('changehub: the FeedSync item of ' .. loc .. ' is not readable')
+  end
+  u = tonumber(u)
+  local when = tonumber(string.sub(prev, 1, 14)) - 1000000000000
+  local item = {id = sx_id(loc), updates = u, history = {{sequence = u, when = when, by = by}}}
+  if sx_deleted(prev, loc) then item.deleted = true end
+  return item
+end
+
 -- Records change `e` (a log entry: a 23-digit datetime key, then the change's JSON, which
 -- starts with loc and change and ends with source) of `loc`, whose final datetime key is `d`:
--- its item is created or updated, or takes the merged state given for it. Returns the entry,
--- with the item's number of conflicts added when there are any.
-local function sx_record(key, loc, e, d)
+-- its item (read by sx_prefetch) is created or updated, or takes the merged state given for
+-- it. `res` is the resource index (the entry of a loc's latest change before this call).
+-- Returns the entry, with the item's number of conflicts added when there are any.
+local function sx_record(res, loc, e, d)
   local item = sx_items[loc]
-  if item == nil then
-    local raw = sx_stored[loc]
-    if raw == nil then raw = redis.call('HGET', key, loc) end
-    item = raw or false
-    sx_had[loc] = raw and string.find(raw, '"conflicts":', 1, true) ~= nil
-    sx_order[#sx_order + 1] = loc
-  end
   if sx_merged[loc] then
     item = cjson.decode(sx_merged[loc])
   else
-    local deleted = sx_deleted(e, loc)
-    local by = sx_by(e)
-    -- Whole seconds since the epoch: the key is nanoseconds + 10^21.
-    local when = tonumber(string.sub(d, 1, 14)) - 1000000000000
-    if not item then
-      if by ~= nil then
-        item = sx_simple(sx_id(loc), 1, 1, when, by, deleted)
-      else
+    local by, suffix = sx_by(e)
+    local u = by and item and sx_count(item, suffix)
+    if by and not item then
+      -- A new resource of a publisher: counted, one update.
+      item = '1' .. suffix
+    elseif u then
+      -- The same endpoint again: its new entry replaces its old one (§3.2, then the
+      -- compaction that keeps one entry per endpoint); updates and sequence stay equal.
+      item = math.min(u + 1, 2147483647) .. suffix
+    else
+      -- Whole seconds since the epoch: the key is nanoseconds + 10^21.
+      local when = tonumber(string.sub(d, 1, 14)) - 1000000000000
+      local deleted = sx_deleted(e, loc)
+      if not item then
         item = {id = sx_id(loc), updates = 1, history = {{sequence = 1, when = when, by = by}}}
         if deleted then item.deleted = true end
-      end
-    else
-      if type(item) == 'string' then
-        local id, updates, seq, old_by, tail = string.match(item, SX_SIMPLE)
-        if id and old_by == by and (tail == '}' or tail == ',"deleted":true}') then
-          -- The same endpoint again: its new entry replaces its old one (§3.2, then the
-          -- compaction that keeps one entry per endpoint).
-          local u = math.min(tonumber(updates) + 1, 2147483647)
-          local s = u
-          if s <= tonumber(seq) then s = math.min(tonumber(seq) + 1, 2147483647) end
-          item = sx_simple(id, u, s, when, by, deleted)
-        else
-          item = sx_update(cjson.decode(item), by, when, deleted)
-        end
       else
+        if type(item) == 'string' then
+          if string.byte(item, 1) == 123 then -- '{'
+            item = cjson.decode(item)
+          else
+            item = sx_expand(item, loc, sx_prev[loc] or redis.call('HGET', res, loc))
+          end
+        end
         item = sx_update(item, by, when, deleted)
+        -- Counted from now on when it has come to the common shape.
+        if by and #item.history == 1 and item.history[1].sequence == item.updates
+            and item.conflicts == nil and not item.noconflicts and item.id == sx_id(loc) then
+          item = item.updates .. suffix
+        end
       end
     end
   end
   sx_items[loc] = item
+  if sx_prev[loc] == nil then sx_order[#sx_order + 1] = loc end
+  sx_prev[loc] = e
   if type(item) == 'table' then
     local n = item.conflicts and #item.conflicts or 0
     if n > 0 then e = string.sub(e, 1, -2) .. ',"conflicts":' .. n .. '}' end
