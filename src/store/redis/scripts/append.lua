@@ -22,12 +22,14 @@ local latest = meta[2] or ''
 -- The index is written in pieces of at most 500 changes, one HSET and one ZADD each (a call
 -- per change would cost more than the XADD); within a piece a later change of the same loc
 -- wins, as it comes later in the arguments.
-local entries, scores = {}, {}
+local entries, scores, pieced = {}, {}, 0
+-- Used for every change: kept in locals (a global is a table lookup each time).
+local sub, format, call, log_key, res_key = string.sub, string.format, redis.call, KEYS[1], KEYS[5]
 local function flush_index()
-  if #entries > 0 then
+  if pieced > 0 then
     redis.call('HSET', KEYS[5], unpack(entries))
     redis.call('ZADD', KEYS[6], unpack(scores))
-    entries, scores = {}, {}
+    entries, scores, pieced = {}, {}, 0
   end
 end
 -- Every item the call may update is read at once (those of a request that turns out to be a
@@ -56,21 +58,22 @@ for j = 0, r - 1 do
     for i = done + 1, done + n do
       local e = ARGV[entry0 + i]
       local loc = ARGV[loc0 + i]
-      local d = string.sub(e, 1, 23)
+      local d = sub(e, 1, 23)
       if d < latest then
         d = latest
-        e = latest .. string.sub(e, 24)
+        e = latest .. sub(e, 24)
       end
       last = last + 1
-      e = sx_record(KEYS[5], loc, e, d)
+      e = sx_record(res_key, loc, e, d)
       -- The entry's id is SEQ-0: XADD takes SEQ for it, the index's score is SEQ too.
-      local id = string.format('%d', last)
-      redis.call('XADD', KEYS[1], id, 'e', e)
-      entries[#entries + 1] = loc
-      entries[#entries + 1] = e
-      scores[#scores + 1] = id
-      scores[#scores + 1] = loc
-      if #entries >= 1000 then flush_index() end
+      local id = format('%d', last)
+      call('XADD', log_key, id, 'e', e)
+      pieced = pieced + 2
+      entries[pieced - 1] = loc
+      entries[pieced] = e
+      scores[pieced - 1] = id
+      scores[pieced] = loc
+      if pieced >= 1000 then flush_index() end
       latest = d
     end
     -- Recorded at once, so that a later request of this call with the same key sees it.

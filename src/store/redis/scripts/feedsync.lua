@@ -15,6 +15,8 @@
 -- entry of each one's latest change in this call. sx_had tells whether the stored item
 -- carried conflicts (it is then in `sx-conflicts`).
 local sx_items, sx_order, sx_merged, sx_had, sx_prev = {}, {}, {}, {}, {}
+-- Called for every change: kept in locals (a global is a table lookup each time).
+local find, sub = string.find, string.sub
 
 -- The item id of a loc: every byte that is not plain in an RFC 2141 NSS percent-encoded.
 local function sx_id(loc)
@@ -100,13 +102,13 @@ local function sx_deleted(e, loc)
 end
 
 -- The publisher of log entry `e`, from its last field `,"source":"NAME"}` (nil when it has
--- none), and the suffix of a counted item of that publisher (' NAME'). Every change of one
+-- none), and the end of a counted item of that publisher (' NAME'). Every change of one
 -- request has the same publisher: after the first, a plain comparison of the entry's end with
 -- the last one found does (a call that appends several requests matches again where the
 -- publisher changes).
 local sx_last_by, sx_last_tail, sx_last_suffix
 local function sx_by(e)
-  if sx_last_tail and string.find(e, sx_last_tail, #e - #sx_last_tail + 1, true) then
+  if sx_last_tail and find(e, sx_last_tail, #e - #sx_last_tail + 1, true) then
     return sx_last_by, sx_last_suffix
   end
   local by = string.match(e, ',"source":"([^"\\]+)"}$')
@@ -114,16 +116,6 @@ local function sx_by(e)
     sx_last_by, sx_last_tail, sx_last_suffix = by, ',"source":"' .. by .. '"}', ' ' .. by
   end
   return by, sx_last_suffix
-end
-
--- The number of updates of a counted item `raw` whose endpoint is the one of `suffix`, nil
--- when `raw` is not one (a JSON item, or counted for another endpoint).
-local function sx_count(raw, suffix)
-  local at = #raw - #suffix + 1
-  if at > 1 and string.find(raw, suffix, at, true) == at then
-    return tonumber(string.sub(raw, 1, at - 1))
-  end
-  return nil
 end
 
 -- Reads the stored items of the locs ARGV[first + 1] to ARGV[first + n] with HMGET, in
@@ -175,39 +167,54 @@ end
 -- Returns the entry, with the item's number of conflicts added when there are any.
 local function sx_record(res, loc, e, d)
   local item = sx_items[loc]
+  if not sx_merged[loc] then
+    -- The common case first: a counted item (or none yet) and the same publisher again.
+    local by, suffix = sx_by(e)
+    local counted
+    if by and not item then
+      counted = '1' .. suffix
+    elseif by then
+      local at = #item - #suffix + 1
+      if at > 1 and find(item, suffix, at, true) == at then
+        local u = tonumber(sub(item, 1, at - 1))
+        if u then
+          -- Its new entry replaces its old one (§3.2, then the compaction that keeps one
+          -- entry per endpoint); updates and sequence stay equal.
+          if u < 2147483647 then u = u + 1 end
+          counted = u .. suffix
+        end
+      end
+    end
+    if counted then
+      sx_items[loc] = counted
+      if sx_prev[loc] == nil then sx_order[#sx_order + 1] = loc end
+      sx_prev[loc] = e
+      return e
+    end
+  end
   if sx_merged[loc] then
     item = cjson.decode(sx_merged[loc])
   else
     local by, suffix = sx_by(e)
-    local u = by and item and sx_count(item, suffix)
-    if by and not item then
-      -- A new resource of a publisher: counted, one update.
-      item = '1' .. suffix
-    elseif u then
-      -- The same endpoint again: its new entry replaces its old one (§3.2, then the
-      -- compaction that keeps one entry per endpoint); updates and sequence stay equal.
-      item = math.min(u + 1, 2147483647) .. suffix
+    -- Whole seconds since the epoch: the key is nanoseconds + 10^21.
+    local when = tonumber(string.sub(d, 1, 14)) - 1000000000000
+    local deleted = sx_deleted(e, loc)
+    if not item then
+      item = {id = sx_id(loc), updates = 1, history = {{sequence = 1, when = when, by = by}}}
+      if deleted then item.deleted = true end
     else
-      -- Whole seconds since the epoch: the key is nanoseconds + 10^21.
-      local when = tonumber(string.sub(d, 1, 14)) - 1000000000000
-      local deleted = sx_deleted(e, loc)
-      if not item then
-        item = {id = sx_id(loc), updates = 1, history = {{sequence = 1, when = when, by = by}}}
-        if deleted then item.deleted = true end
-      else
-        if type(item) == 'string' then
-          if string.byte(item, 1) == 123 then -- '{'
-            item = cjson.decode(item)
-          else
-            item = sx_expand(item, loc, sx_prev[loc] or redis.call('HGET', res, loc))
-          end
+      if type(item) == 'string' then
+        if string.byte(item, 1) == 123 then -- '{'
+          item = cjson.decode(item)
+        else
+          item = sx_expand(item, loc, sx_prev[loc] or redis.call('HGET', res, loc))
         end
-        item = sx_update(item, by, when, deleted)
-        -- Counted from now on when it has come to the common shape.
-        if by and #item.history == 1 and item.history[1].sequence == item.updates
-            and item.conflicts == nil and not item.noconflicts and item.id == sx_id(loc) then
-          item = item.updates .. suffix
-        end
+      end
+      item = sx_update(item, by, when, deleted)
+      -- Counted from now on when it has come to the common shape.
+      if by and #item.history == 1 and item.history[1].sequence == item.updates
+          and item.conflicts == nil and not item.noconflicts and item.id == sx_id(loc) then
+        item = item.updates .. suffix
       end
     end
   end
