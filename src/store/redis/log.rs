@@ -32,7 +32,16 @@ const DT_BIAS: i128 = 1_000_000_000_000_000_000_000;
 const DT_KEY_LEN: usize = 23;
 
 pub fn datetime_key(t: OffsetDateTime) -> String {
-    format!("{:023}", t.unix_timestamp_nanos() + DT_BIAS)
+    let mut key = Vec::with_capacity(DT_KEY_LEN);
+    write_datetime_key(t, &mut key);
+    String::from_utf8(key).unwrap_or_default()
+}
+
+/// Appends the [`datetime_key`] of `t` to `out` (its 23 ASCII digits).
+fn write_datetime_key(t: OffsetDateTime, out: &mut Vec<u8>) {
+    use std::io::Write;
+    // Writing to a Vec cannot fail.
+    let _ = write!(out, "{:023}", t.unix_timestamp_nanos() + DT_BIAS);
 }
 
 fn datetime_from_key(k: &str) -> Result<OffsetDateTime, StoreError> {
@@ -145,7 +154,16 @@ impl Request {
         let mut entries = Vec::with_capacity(changes.len());
         let mut locs = Vec::with_capacity(changes.len());
         for change in changes {
-            let mut entry = datetime_key(change.datetime.unwrap_or(now)).into_bytes();
+            // One allocation per entry: its datetime key, then the JSON, which takes about
+            // this much besides the strings of the change.
+            let strings = [&change.hash, &change.media_type, &change.source]
+                .iter()
+                .map(|s| s.as_ref().map_or(0, String::len))
+                .sum::<usize>();
+            let links = change.links.len() * 128;
+            let mut entry =
+                Vec::with_capacity(DT_KEY_LEN + 160 + change.loc.len() + strings + links);
+            write_datetime_key(change.datetime.unwrap_or(now), &mut entry);
             serde_json::to_writer(&mut entry, &Stored::from(&change))
                 .map_err(|e| StoreError::Corrupt(e.to_string()))?;
             entries.push(entry);
