@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""How many instructions Redis spends on one call of the append script, counted by callgrind.
+
+Timing the append script on a shared machine moves by a third between runs; instruction
+counts do not. This starts a private redis-server under `valgrind --tool=callgrind` (on
+127.0.0.1, a free port, nothing saved), loads the append script as the store loads it
+(`feedsync.lua`, then `append.lua`), calls it WARM times with the same 1,000 changes (as
+figure 4a of the benchmark sends them: the same 1,000 resources each time, one publisher),
+then counts the instructions of CALLS more calls, each updating the items the one before
+wrote, and prints the count per call.
+
+    python3 scripts/append-instructions.py [SCRIPT_DIR] [--calls N] [--warm N]
+
+SCRIPT_DIR defaults to src/store/redis/scripts: point it at a copy to weigh a variant.
+Needs valgrind (`apt-get install -y valgrind`) and redis-server. Takes about 10 s.
+"""
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def command(*args):
+    """One command in RESP."""
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        a = a if isinstance(a, bytes) else str(a).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+    return b"".join(out)
+
+
+def reply(f):
+    """One RESP reply, read from file `f`."""
+    line = f.readline()
+    kind, rest = line[:1], line[1:-2]
+    if kind == b"-":
+        raise RuntimeError(rest.decode())
+    if kind in (b"+", b":"):
+        return rest
+    if kind == b"$":
+        n = int(rest)
+        return None if n < 0 else f.read(n + 2)[:-2]
+    if kind == b"*":
+        return [reply(f) for _ in range(int(rest))]
+    raise RuntimeError(f"unexpected reply {line!r}")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "scripts", nargs="?", default=os.path.join(here, "..", "src/store/redis/scripts")
+    )
+    parser.add_argument("--calls", type=int, default=4)
+    parser.add_argument("--warm", type=int, default=2)
+    opts = parser.parse_args()
+    source = b"".join(
+        open(os.path.join(opts.scripts, name), "rb").read()
+        for name in ("feedsync.lua", "append.lua")
+    )
+
+    work = tempfile.mkdtemp()
+    out = os.path.join(work, "callgrind.out")
+    port = free_port()
+    server = subprocess.Popen(
+        ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
+         "redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
+         "--appendonly", "no", "--dir", work],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                conn = socket.create_connection(("127.0.0.1", port))
+                break
+            except OSError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    sys.exit("redis-server did not start under valgrind")
+                time.sleep(0.1)
+        f = conn.makefile("rb")
+
+        def call(*args):
+            conn.sendall(command(*args))
+            return reply(f)
+
+        sha = call("SCRIPT", "LOAD", source)
+        keys = [f"changehub:{{bench}}:{k}" for k in
+                ("log", "meta", "idem", "idem-at", "res", "res-seq", "sx", "sx-conflicts")]
+        # A datetime key (see log.rs): nanoseconds since the epoch + 10^21, 23 digits.
+        key = "%023d" % (1_700_000_000 * 10**9 + 10**21)
+        locs = [f"http://example.com/resource/{i}" for i in range(1000)]
+        entries = [
+            key + '{"loc":"%s","change":"updated","hash":"md5:1e0d5cb8ef6ba40c99b14c0237be735e",'
+            '"length":1234,"type":"text/plain","source":"bench"}' % loc
+            for loc in locs
+        ]
+        args = ["EVALSHA", sha, len(keys), *keys, 86400, "changehub:events", "bench", 1,
+                "", "", 1_700_000_000, len(entries), *entries, *locs]
+
+        def append():
+            answer = call(*args)
+            if answer[0] != b"0":
+                sys.exit(f"the append script answered {answer}")
+
+        for _ in range(opts.warm):
+            append()
+        subprocess.run(["callgrind_control", "-i", "on", str(server.pid)],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+        for _ in range(opts.calls):
+            append()
+        subprocess.run(["callgrind_control", "-i", "off", str(server.pid)],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+        item = call("HGET", keys[6], locs[0])
+    finally:
+        server.terminate()
+        server.wait()
+    total = 0
+    for name in os.listdir(work):
+        if name.startswith("callgrind.out"):
+            for line in open(os.path.join(work, name)):
+                if line.startswith(("summary:", "totals:")):
+                    total = max(total, int(line.split()[1]))
+    print(f"{total / opts.calls / 1e6:.1f}M instructions per call of 1,000 changes "
+          f"(the first item afterwards: {item.decode()!r})")
+
+
+if __name__ == "__main__":
+    main()
