@@ -27,8 +27,8 @@ local entries, scores, pieced = {}, {}, 0
 local sub, format, call, log_key, res_key = string.sub, string.format, redis.call, KEYS[1], KEYS[5]
 local function flush_index()
   if pieced > 0 then
-    redis.call('HSET', KEYS[5], unpack(entries))
-    redis.call('ZADD', KEYS[6], unpack(scores))
+    call('HSET', res_key, unpack(entries))
+    call('ZADD', KEYS[6], unpack(scores))
     entries, scores, pieced = {}, {}, 0
   end
 end

@@ -166,14 +166,14 @@ end
 -- it. `res` is the resource index (the entry of a loc's latest change before this call).
 -- Returns the entry, with the item's number of conflicts added when there are any.
 local function sx_record(res, loc, e, d)
-  local item = sx_items[loc]
-  if not sx_merged[loc] then
-    -- The common case first: a counted item (or none yet) and the same publisher again.
-    local by, suffix = sx_by(e)
-    local counted
-    if by and not item then
+  local item, merged = sx_items[loc], sx_merged[loc]
+  local by, suffix = sx_by(e)
+  -- The common case first: the same publisher again on a counted item, or a new resource.
+  local counted
+  if by and not merged then
+    if not item then
       counted = '1' .. suffix
-    elseif by then
+    else
       local at = #item - #suffix + 1
       if at > 1 and find(item, suffix, at, true) == at then
         local u = tonumber(sub(item, 1, at - 1))
@@ -185,17 +185,12 @@ local function sx_record(res, loc, e, d)
         end
       end
     end
-    if counted then
-      sx_items[loc] = counted
-      if sx_prev[loc] == nil then sx_order[#sx_order + 1] = loc end
-      sx_prev[loc] = e
-      return e
-    end
   end
-  if sx_merged[loc] then
-    item = cjson.decode(sx_merged[loc])
+  if counted then
+    item = counted
+  elseif merged then
+    item = cjson.decode(merged)
   else
-    local by, suffix = sx_by(e)
     -- Whole seconds since the epoch: the key is nanoseconds + 10^21.
     local when = tonumber(string.sub(d, 1, 14)) - 1000000000000
     local deleted = sx_deleted(e, loc)
@@ -221,7 +216,7 @@ local function sx_record(res, loc, e, d)
   sx_items[loc] = item
   if sx_prev[loc] == nil then sx_order[#sx_order + 1] = loc end
   sx_prev[loc] = e
-  if type(item) == 'table' then
+  if not counted and type(item) == 'table' then
     local n = item.conflicts and #item.conflicts or 0
     if n > 0 then e = string.sub(e, 1, -2) .. ',"conflicts":' .. n .. '}' end
   end
