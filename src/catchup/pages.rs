@@ -12,7 +12,11 @@
 //! - **files** ([`PageFiles`], [`FILES_BYTES`] by default): one file per block, written when
 //!   a block is rendered, and as soon as a channel's feed publishes the notification that
 //!   completes a block (rendered from the notifications still in the feed's recent cache,
-//!   so no store read; a block they do not cover is written on its first miss). A miss in
+//!   so no store read; a block they do not cover is written on its first miss). The
+//!   notifications held by blocks waiting to be written count toward a bound ([`Backlog`]);
+//!   past it, a block completed meanwhile is also left to its first miss: writes that fall
+//!   behind (a slow disk, a hub short of CPU) neither fill memory nor hold publishing back.
+//!   A miss in
 //!   memory reads only what the page needs from the file (the offsets and datetimes of its
 //!   first and last entries, then the byte range): the operating system's page cache does
 //!   the caching, not the hub's memory.
@@ -38,6 +42,7 @@ use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::ops::{Range, RangeInclusive};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -257,11 +262,62 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The notifications that blocks waiting for their files hold (see
+/// [`PageCache::published`]), in bytes, and the bound past which no more such writes start.
+/// Without it, a disk slower than the feeds (or a hub short of CPU) would leave a write
+/// queued, and a blocking thread, for every block published meanwhile, each holding its
+/// notifications.
+struct Backlog {
+    bound: usize,
+    bytes: AtomicUsize,
+}
+
+impl Backlog {
+    fn new(bound: usize) -> Arc<Backlog> {
+        Arc::new(Backlog {
+            bound,
+            bytes: AtomicUsize::new(0),
+        })
+    }
+
+    /// Counts `bytes` until the share given back is dropped (its write ended).
+    fn hold(self: &Arc<Backlog>, bytes: usize) -> Held {
+        self.bytes.fetch_add(bytes, Ordering::AcqRel);
+        Held {
+            backlog: self.clone(),
+            bytes,
+        }
+    }
+
+    fn over(&self) -> bool {
+        self.bytes.load(Ordering::Acquire) > self.bound
+    }
+}
+
+/// What one waiting write holds of a [`Backlog`].
+struct Held {
+    backlog: Arc<Backlog>,
+    bytes: usize,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.backlog.bytes.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
+
 /// The blocks kept (see the module docs): in memory, and in files when a folder is given.
 pub struct PageCache {
     memory: Mutex<Lru<Arc<Block>>>,
     files: Option<Arc<PageFiles>>,
+    /// Notifications held by blocks waiting for their files: a quarter of the memory bound
+    /// (at least [`BACKLOG_MIN`]) before blocks are left to their first miss.
+    backlog: Arc<Backlog>,
 }
+
+/// See [`PageCache::backlog`]: room for a few notifications of 1,000 changes however small
+/// `--cache-size` is.
+const BACKLOG_MIN: usize = 2 << 20;
 
 impl Default for PageCache {
     fn default() -> PageCache {
@@ -275,6 +331,7 @@ impl PageCache {
         PageCache {
             memory: Mutex::new(Lru::new(bound as u64)),
             files: None,
+            backlog: Backlog::new((bound / 4).max(BACKLOG_MIN)),
         }
     }
 
@@ -361,6 +418,8 @@ impl PageCache {
     /// A channel's feed published `n`, with `recent` (its recent notifications, in order,
     /// `n` last): each block that `n` completes gets its file, rendered from `recent` in the
     /// background, when `recent` covers it (otherwise it is rendered on its first miss).
+    /// The notifications each such write holds count toward a bound until it ends; while
+    /// the writes behind hold more, a block is left to its first miss too ([`Backlog`]).
     pub fn published(&self, epoch: &str, recent: &[Arc<Notification>], n: &Notification) {
         let Some(files) = &self.files else {
             return;
@@ -383,8 +442,14 @@ impl PageCache {
             if parts.first().is_none_or(|p| p.first > first) {
                 continue;
             }
+            if self.backlog.over() {
+                tracing::debug!(channel = %n.channel, block = number, "block of page entries left to its first read: the writes before it are behind");
+                continue;
+            }
             let files = files.clone();
+            let held = self.backlog.hold(parts.iter().map(|m| m.memory()).sum());
             tokio::task::spawn_blocking(move || {
+                let _held = held;
                 let slices: Vec<&[Change]> = parts
                     .iter()
                     .map(|m| {
@@ -748,6 +813,36 @@ mod tests {
 
     fn memory_bytes(cache: &PageCache) -> u64 {
         lock(&cache.memory).bytes
+    }
+
+    #[tokio::test]
+    async fn blocks_completed_while_the_writes_behind_hold_too_much_are_left_to_their_first_miss() {
+        let cache = PageCache::with_files(0, PageFiles::temporary(FILES_BYTES).unwrap());
+        let files = cache.files.clone().unwrap();
+        let notification = |first: u64| {
+            Arc::new(Notification {
+                channel: "c".into(),
+                first,
+                last: first + BLOCK - 1,
+                changes: changes(first, BLOCK),
+                body: Default::default(),
+                accepted_at: None,
+            })
+        };
+        // Writes behind hold more than the bound: block 0 is not written, and its
+        // notification is not held.
+        let behind = cache.backlog.hold(cache.backlog.bound + 1);
+        let held = cache.backlog.bytes.load(Ordering::Acquire);
+        let zero = notification(1);
+        cache.published("e", std::slice::from_ref(&zero), &zero);
+        assert_eq!(cache.backlog.bytes.load(Ordering::Acquire), held);
+        assert_eq!(Arc::strong_count(&zero), 1, "no write holds it");
+        // Once they are done, the next block is written as usual.
+        drop(behind);
+        let one = notification(BLOCK + 1);
+        cache.published("e", &[zero.clone(), one.clone()], &one);
+        assert!(written(&files, &key(1)).await);
+        assert!(files.size(&key(0)).is_none(), "left to its first miss");
     }
 
     #[test]
