@@ -7,7 +7,9 @@
 //! ever announced that cannot be replayed; when several full batches are pending, one read
 //! takes as many as fit in `READ_AHEAD` changes), renders the Change List once, and publishes it on
 //! the channel's [`ChannelFeed`]: the `published` seq that delivery workers follow, a short cache
-//! of recent notifications whose bytes they share, and a broadcast for live listeners. The feed
+//! of recent notifications whose bytes they share, and a broadcast of each notification's seqs
+//! for live listeners (who take the notification from that cache: a listener that falls
+//! behind holds no notification; see [`ChannelFeed::live`]). The feed
 //! also counts, per 10-second step of the last 10 minutes, the changes it published and the
 //! notifications its workers delivered: the dashboard's rates.
 
@@ -46,6 +48,16 @@ const LAGGING_MAX: usize = 1024;
 /// 10⁶ changes was 599 MiB (289 MiB at 4,000, 167 MiB at one batch): the allocations of big
 /// reads leave the heap fragmented.
 const READ_AHEAD: u64 = 4_000;
+
+/// Messages a feed's live broadcast keeps for receivers behind (see [`ChannelFeed::live`]).
+const LIVE_BUFFER: usize = 1024;
+
+/// The seqs of a published notification (what a feed's live broadcast carries).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    pub first: u64,
+    pub last: u64,
+}
 
 /// Renders changes `first..=last` of a channel as a notification document. Deterministic: the
 /// same changes always give the same bytes, so a retried delivery carries the same body.
@@ -131,7 +143,7 @@ pub struct ChannelFeed {
     recent: Mutex<Recent>,
     /// Notifications rendered again from the log for workers behind `recent`.
     lagging: Mutex<Lagging>,
-    live: broadcast::Sender<Arc<Notification>>,
+    live: broadcast::Sender<Span>,
     /// Notifications delivered to callbacks (answered 2xx) by this instance since it started.
     delivered: AtomicU64,
     /// Changes published and notifications delivered over the last 10 minutes: the
@@ -245,7 +257,7 @@ impl ChannelFeed {
             published: watch::channel(0).0,
             recent: Mutex::new(Recent::new(budget)),
             lagging: Mutex::default(),
-            live: broadcast::channel(1024).0,
+            live: broadcast::channel(LIVE_BUFFER).0,
             delivered: AtomicU64::new(0),
             rates: RateWindow::default(),
             pages: None,
@@ -283,9 +295,15 @@ impl ChannelFeed {
         *self.published.borrow()
     }
 
-    /// Live notifications as they are cut (a receiver that lags misses some and must catch up
-    /// from the log).
-    pub fn live(&self) -> broadcast::Receiver<Arc<Notification>> {
+    /// The seqs of each notification as it is published; the notification itself is
+    /// [`ChannelFeed::cached`] for as long as the feed keeps it. A receiver that lags misses
+    /// some and must catch up from the log. Only the seqs go through the broadcast: its
+    /// buffer holds the last [`LIVE_BUFFER`] messages until every receiver has read them,
+    /// and held notifications would stay in memory as long as the slowest receiver
+    /// (measured on Redis, when the buffer held notifications: a saturating fill kept the
+    /// cluster's announcements behind, and the hub grew by 18 MiB a second, to 300 MiB
+    /// over 16 s).
+    pub fn live(&self) -> broadcast::Receiver<Span> {
         self.live.subscribe()
     }
 
@@ -336,7 +354,10 @@ impl ChannelFeed {
         // unseen until the next notification.
         self.published.send_replace(n.last);
         self.rates.count_changes(n.changes.iter());
-        let _ = self.live.send(n);
+        let _ = self.live.send(Span {
+            first: n.first,
+            last: n.last,
+        });
     }
 
     /// Marks everything up to `seq` as published without a notification (start-up: what was
@@ -556,6 +577,27 @@ mod tests {
             c.push(Arc::new(notification(first, first, 10)));
         }
         assert_eq!(c.list.len(), RECENT_MAX);
+    }
+
+    #[test]
+    fn a_live_listener_that_never_reads_keeps_no_notification_in_memory() {
+        let each = notification(1, 1, 4096).memory();
+        let feed = ChannelFeed::with_budget("c", RecentBudget::new(2 * each));
+        let mut slow = feed.live();
+        feed.publish(notification(1, 1, 4096));
+        let first = Arc::downgrade(&feed.cached(1).expect("kept while recent"));
+        for seq in 2..=10 {
+            feed.publish(notification(seq, seq, 4096));
+        }
+        assert!(feed.cached(1).is_none(), "gone from the recent ones");
+        assert!(
+            first.upgrade().is_none(),
+            "nothing else holds it, though the listener has not read a message"
+        );
+        // The listener still learns each notification's seqs, in order.
+        let spans: Vec<Span> = std::iter::from_fn(|| slow.try_recv().ok()).collect();
+        let expected: Vec<Span> = (1..=10).map(|s| Span { first: s, last: s }).collect();
+        assert_eq!(spans, expected);
     }
 
     #[test]

@@ -253,8 +253,8 @@ impl Cluster {
                     _ = stop.cancelled() => break false,
                     _ = lost.cancelled() => break true,
                     _ = removed.cancelled() => break true,
-                    n = live.recv() => match n {
-                        Ok(n) => self.announce_published(&channel, n.first, n.last).await,
+                    span = live.recv() => match span {
+                        Ok(s) => self.announce_published(&channel, s.first, s.last).await,
                         Err(RecvError::Lagged(_)) => {
                             self.announce_published(&channel, 0, feed.published_seq()).await
                         }
@@ -283,8 +283,8 @@ impl Cluster {
             owner_stop.cancel();
             let _ = batcher_task.await;
             // Announce what the batcher flushed on its way out.
-            while let Ok(n) = live.try_recv() {
-                self.announce_published(&channel, n.first, n.last).await;
+            while let Ok(s) = live.try_recv() {
+                self.announce_published(&channel, s.first, s.last).await;
             }
             if !stepped_down {
                 // Shutting down: the lease is kept while the workers drain; `release_all`.

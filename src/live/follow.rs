@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use tokio::sync::broadcast;
 
-use crate::batcher::ChannelFeed;
+use crate::batcher::{ChannelFeed, Span};
 use crate::model::Change;
 use crate::model::Notification;
 use crate::store::{Store, StoreError};
@@ -72,7 +72,7 @@ impl Event {
 pub struct Follower {
     feed: Arc<ChannelFeed>,
     store: Arc<dyn Store>,
-    live: broadcast::Receiver<Arc<Notification>>,
+    live: broadcast::Receiver<Span>,
     /// The last seq handed out.
     cursor: u64,
     replaying: bool,
@@ -180,16 +180,20 @@ impl Follower {
                 }
             }
             match self.live.recv().await {
-                Ok(n) if n.last <= self.cursor => continue,
-                Ok(n) if n.first > self.cursor + 1 => {
+                Ok(s) if s.last <= self.cursor => continue,
+                Ok(s) if s.first > self.cursor + 1 => {
                     // Something between the cursor and this notification was not seen live.
                     self.replaying = true;
                 }
-                Ok(n) => {
-                    let skip = (self.cursor + 1 - n.first) as usize;
-                    self.cursor = n.last;
-                    return Ok(Some(Event::Live(n, skip)));
-                }
+                Ok(s) => match self.feed.cached(s.first) {
+                    Some(n) => {
+                        let skip = (self.cursor + 1 - n.first) as usize;
+                        self.cursor = n.last;
+                        return Ok(Some(Event::Live(n, skip)));
+                    }
+                    // No longer among the feed's recent ones (far behind): from the log.
+                    None => self.replaying = true,
+                },
                 Err(broadcast::error::RecvError::Lagged(_)) => self.replaying = true,
                 Err(broadcast::error::RecvError::Closed) => return Ok(None),
             }

@@ -479,19 +479,22 @@ impl Insides {
     }
 }
 
-/// Collects live notifications until one reaches `last`; checks they follow each other
-/// without a gap or an overlap, each at most `max_batch` changes.
+/// Collects live notifications of `feed` until one reaches `last`; checks they follow each
+/// other without a gap or an overlap, each at most `max_batch` changes.
 async fn live_until(
-    rx: &mut tokio::sync::broadcast::Receiver<Arc<changehub::model::Notification>>,
+    feed: &changehub::batcher::ChannelFeed,
+    rx: &mut tokio::sync::broadcast::Receiver<changehub::batcher::Span>,
     mut previous: u64,
     last: u64,
 ) -> u64 {
     let end = tokio::time::Instant::now() + Duration::from_secs(30);
     while previous < last {
-        let n = tokio::time::timeout_at(end, rx.recv())
+        let span = tokio::time::timeout_at(end, rx.recv())
             .await
             .unwrap_or_else(|_| panic!("live notifications stopped at {previous} of {last}"))
             .expect("no live notification missed");
+        let n = feed.cached(span.first).expect("a recent notification");
+        assert_eq!((n.first, n.last), (span.first, span.last));
         assert_eq!(n.first, previous + 1, "contiguous live notifications");
         assert!(n.last - n.first < 7);
         assert_eq!(
@@ -527,8 +530,8 @@ async fn every_instance_feed_hears_every_notification() {
         let via = if i % 2 == 0 { &a.store } else { &b.store };
         via.append(CHANNEL, batch(i), None, now()).await.unwrap();
     }
-    assert_eq!(live_until(&mut live_a, 0, 300).await, 300);
-    assert_eq!(live_until(&mut live_b, 0, 300).await, 300);
+    assert_eq!(live_until(&a.feed, &mut live_a, 0, 300).await, 300);
+    assert_eq!(live_until(&b.feed, &mut live_b, 0, 300).await, 300);
 
     // The owner stops (and lets go); the other takes over and goes on without a gap.
     let owner = wait_until_owner(&redis.url(), &[&a, &b]).await;
@@ -546,7 +549,7 @@ async fn every_instance_feed_hears_every_notification() {
             .await
             .unwrap();
     }
-    assert_eq!(live_until(&mut live, 300, 400).await, 400);
+    assert_eq!(live_until(&stays.feed, &mut live, 300, 400).await, 400);
 }
 
 async fn wait_until_owner(redis: &str, insides: &[&Insides]) -> usize {
