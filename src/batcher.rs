@@ -298,7 +298,7 @@ impl ChannelFeed {
     /// The seqs of each notification as it is published; the notification itself is
     /// [`ChannelFeed::cached`] for as long as the feed keeps it. A receiver that lags misses
     /// some and must catch up from the log. Only the seqs go through the broadcast: its
-    /// buffer holds the last [`LIVE_BUFFER`] messages until every receiver has read them,
+    /// buffer holds the last 1,024 messages until every receiver has read them,
     /// and held notifications would stay in memory as long as the slowest receiver
     /// (measured on Redis, when the buffer held notifications: a saturating fill kept the
     /// cluster's announcements behind, and the hub grew by 18 MiB a second, to 300 MiB

@@ -13,7 +13,7 @@
 //!   a block is rendered, and as soon as a channel's feed publishes the notification that
 //!   completes a block (rendered from the notifications still in the feed's recent cache,
 //!   so no store read; a block they do not cover is written on its first miss). The
-//!   notifications held by blocks waiting to be written count toward a bound ([`Backlog`]);
+//!   notifications held by blocks waiting to be written count toward a bound (`Backlog`);
 //!   past it, a block completed meanwhile is also left to its first miss: writes that fall
 //!   behind (a slow disk, a hub short of CPU) neither fill memory nor hold publishing back.
 //!   A miss in
@@ -419,7 +419,7 @@ impl PageCache {
     /// `n` last): each block that `n` completes gets its file, rendered from `recent` in the
     /// background, when `recent` covers it (otherwise it is rendered on its first miss).
     /// The notifications each such write holds count toward a bound until it ends; while
-    /// the writes behind hold more, a block is left to its first miss too ([`Backlog`]).
+    /// the writes behind hold more, a block is left to its first miss too (see `Backlog`).
     pub fn published(&self, epoch: &str, recent: &[Arc<Notification>], n: &Notification) {
         let Some(files) = &self.files else {
             return;
