@@ -1,5 +1,5 @@
 //! Where the store connects: the `--redis` URL read as one server or a Redis Cluster
-//! ([`Target`]), and the command connection ([`Conn`]) that hides which of the two it is.
+//! ([`Target`]), and the command connections ([`Conn`]) that hide which of the two it is.
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClient, ClusterConfig};
@@ -58,11 +58,11 @@ impl Target {
         Ok(Target::Cluster(seeds))
     }
 
-    /// Opens the command connection (lazily: nothing is dialled until the first command) and
-    /// the clients the pub/sub listener connects with — one server, or a cluster's seed nodes:
-    /// classic pub/sub reaches every node's subscribers whichever node a message was
+    /// Opens `n` command connections (lazily: nothing is dialled until the first command)
+    /// and the clients the pub/sub listener connects with — one server, or a cluster's seed
+    /// nodes: classic pub/sub reaches every node's subscribers whichever node a message was
     /// published on.
-    pub(super) fn connect(&self) -> Result<(Conn, Vec<redis::Client>), StoreError> {
+    pub(super) fn connect(&self, n: usize) -> Result<(Vec<Conn>, Vec<redis::Client>), StoreError> {
         match self {
             Target::Single(url) => {
                 let client = redis::Client::open(url.as_str()).map_err(unavailable)?;
@@ -71,9 +71,14 @@ impl Target {
                     .set_response_timeout(Some(OP_TIMEOUT))
                     .set_number_of_retries(1)
                     .set_max_delay(Duration::from_millis(500));
-                let conn = ConnectionManager::new_lazy_with_config(client.clone(), config)
-                    .map_err(unavailable)?;
-                Ok((Conn::Single(conn), vec![client]))
+                let conns = (0..n)
+                    .map(|_| {
+                        ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
+                            .map(Conn::Single)
+                            .map_err(unavailable)
+                    })
+                    .collect::<Result<_, _>>()?;
+                Ok((conns, vec![client]))
             }
             Target::Cluster(seeds) => {
                 let client = ClusterClient::builder(seeds.iter().map(String::as_str))
@@ -86,13 +91,19 @@ impl Target {
                 let config = ClusterConfig::new()
                     .set_connection_timeout(Duration::from_secs(2))
                     .set_response_timeout(OP_TIMEOUT);
-                let conn = client.get_pending_async_connection_with_config(config);
+                let conns = (0..n)
+                    .map(|_| {
+                        Conn::Cluster(
+                            client.get_pending_async_connection_with_config(config.clone()),
+                        )
+                    })
+                    .collect();
                 let subscribers = seeds
                     .iter()
                     .map(|s| redis::Client::open(s.as_str()))
                     .collect::<RedisResult<Vec<_>>>()
                     .map_err(unavailable)?;
-                Ok((Conn::Cluster(conn), subscribers))
+                Ok((conns, subscribers))
             }
         }
     }

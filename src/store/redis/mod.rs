@@ -208,8 +208,15 @@ impl RedisStore {
     pub fn open(url: &str) -> Result<RedisStore, StoreError> {
         let target = Target::parse(url).map_err(StoreError::Unavailable)?;
         // Pub/sub goes over a connection of its own, to one server — on a cluster to one of
-        // the seed nodes, the next one at each reconnection.
-        let (conn, subscribers) = target.connect()?;
+        // the seed nodes, the next one at each reconnection. Appends have their own command
+        // connection too: on a shared one, every command queued behind the append scripts
+        // already sent (Redis runs what one connection sent in order), so under a steady
+        // stream of large appends the batcher's reads and every catch-up request waited for
+        // several scripts each.
+        let (conns, subscribers) = target.connect(2)?;
+        let [conn, appending]: [conn::Conn; 2] = conns
+            .try_into()
+            .map_err(|_| StoreError::Unavailable("no redis connection".into()))?;
         let heads = events::Heads::default();
         let (events, _) = broadcast::channel(4096);
         let stop = CancellationToken::new();
@@ -224,7 +231,7 @@ impl RedisStore {
             include_str!("scripts/feedsync.lua"),
             include_str!("scripts/append.lua")
         ));
-        let appends = group::Appends::new(conn.clone(), append, heads.clone(), stop.clone());
+        let appends = group::Appends::new(appending, append, heads.clone(), stop.clone());
         Ok(RedisStore {
             conn,
             heads,
