@@ -200,3 +200,68 @@ impl Follower {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batcher::{render_notification, RecentBudget};
+    use crate::config::Config;
+    use crate::model::{ChangeType, NewChange};
+    use crate::store::embedded::EmbeddedStore;
+
+    fn seqs(changes: &[Change]) -> Vec<u64> {
+        changes.iter().map(|c| c.seq).collect()
+    }
+
+    /// Appends 10 changes to channel `c` and publishes them on `feed`, as the batcher does.
+    async fn publish(store: &dyn Store, feed: &ChannelFeed, config: &Config, epoch: &str) {
+        let new = (0..10)
+            .map(|i| NewChange::new(format!("http://example.com/{i}"), ChangeType::Updated))
+            .collect();
+        let now = time::OffsetDateTime::now_utc();
+        let appended = store.append("c", new, None, now).await.unwrap();
+        let changes = store.read("c", appended.first - 1, 10).await.unwrap();
+        feed.announce(render_notification(config, "c", epoch, changes));
+    }
+
+    /// The broadcast tells a follower only which seqs were published; a notification the
+    /// feed no longer keeps is read from the log, and nothing is sent twice.
+    #[tokio::test]
+    async fn a_live_notification_the_feed_no_longer_keeps_is_read_from_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(EmbeddedStore::open(dir.path()).unwrap());
+        let config = Config::new(([127, 0, 0, 1], 0).into(), dir.path().into());
+        // Room for one notification: publishing one drops the one before.
+        let feed = Arc::new(ChannelFeed::with_budget("c", RecentBudget::new(1)));
+        let epoch = feed.origin(store.as_ref()).await.unwrap().epoch.clone();
+        let mut follower = Follower::new(feed.clone(), store.clone(), None, None);
+        assert!(matches!(
+            follower.next().await,
+            Ok(Some(Event::CaughtUp(0)))
+        ));
+
+        publish(store.as_ref(), &feed, &config, &epoch).await;
+        publish(store.as_ref(), &feed, &config, &epoch).await;
+        assert!(feed.cached(1).is_none() && feed.cached(11).is_some());
+        // 1..=10 left the feed when 11..=20 came: both from the log.
+        match follower.next().await {
+            Ok(Some(Event::Replay(changes))) => {
+                assert_eq!(seqs(&changes), (1..=20).collect::<Vec<_>>())
+            }
+            other => panic!("expected a replay of 1..=20, got {other:?}"),
+        }
+        assert!(matches!(
+            follower.next().await,
+            Ok(Some(Event::CaughtUp(20)))
+        ));
+
+        // A notification the feed still keeps comes live, once.
+        publish(store.as_ref(), &feed, &config, &epoch).await;
+        match follower.next().await {
+            Ok(Some(event @ Event::Live(..))) => {
+                assert_eq!(seqs(event.changes()), (21..=30).collect::<Vec<_>>())
+            }
+            other => panic!("expected 21..=30 live, got {other:?}"),
+        }
+    }
+}
