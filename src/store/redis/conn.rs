@@ -58,11 +58,11 @@ impl Target {
         Ok(Target::Cluster(seeds))
     }
 
-    /// Opens `n` command connections (lazily: nothing is dialled until the first command)
+    /// Opens two command connections (lazily: nothing is dialled until the first command)
     /// and the clients the pub/sub listener connects with — one server, or a cluster's seed
     /// nodes: classic pub/sub reaches every node's subscribers whichever node a message was
     /// published on.
-    pub(super) fn connect(&self, n: usize) -> Result<(Vec<Conn>, Vec<redis::Client>), StoreError> {
+    pub(super) fn connect(&self) -> Result<([Conn; 2], Vec<redis::Client>), StoreError> {
         match self {
             Target::Single(url) => {
                 let client = redis::Client::open(url.as_str()).map_err(unavailable)?;
@@ -71,14 +71,12 @@ impl Target {
                     .set_response_timeout(Some(OP_TIMEOUT))
                     .set_number_of_retries(1)
                     .set_max_delay(Duration::from_millis(500));
-                let conns = (0..n)
-                    .map(|_| {
-                        ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
-                            .map(Conn::Single)
-                            .map_err(unavailable)
-                    })
-                    .collect::<Result<_, _>>()?;
-                Ok((conns, vec![client]))
+                let open = || {
+                    ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
+                        .map(Conn::Single)
+                        .map_err(unavailable)
+                };
+                Ok(([open()?, open()?], vec![client]))
             }
             Target::Cluster(seeds) => {
                 let client = ClusterClient::builder(seeds.iter().map(String::as_str))
@@ -91,13 +89,10 @@ impl Target {
                 let config = ClusterConfig::new()
                     .set_connection_timeout(Duration::from_secs(2))
                     .set_response_timeout(OP_TIMEOUT);
-                let conns = (0..n)
-                    .map(|_| {
-                        Conn::Cluster(
-                            client.get_pending_async_connection_with_config(config.clone()),
-                        )
-                    })
-                    .collect();
+                let open = || {
+                    Conn::Cluster(client.get_pending_async_connection_with_config(config.clone()))
+                };
+                let conns = [open(), open()];
                 let subscribers = seeds
                     .iter()
                     .map(|s| redis::Client::open(s.as_str()))

@@ -213,10 +213,7 @@ impl RedisStore {
         // already sent (Redis runs what one connection sent in order), so under a steady
         // stream of large appends the batcher's reads and every catch-up request waited for
         // several scripts each.
-        let (conns, subscribers) = target.connect(2)?;
-        let [conn, appending]: [conn::Conn; 2] = conns
-            .try_into()
-            .map_err(|_| StoreError::Unavailable("no redis connection".into()))?;
+        let ([conn, appending], subscribers) = target.connect()?;
         let heads = events::Heads::default();
         let (events, _) = broadcast::channel(4096);
         let stop = CancellationToken::new();
