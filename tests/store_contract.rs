@@ -1472,6 +1472,33 @@ async fn redis_older_data_is_indexed_on_first_use() {
     assert_eq!(indexed.as_deref(), Some("1"));
 }
 
+/// Redis forgets its scripts when it restarts or when they are flushed: the next append loads
+/// the append script again and goes through, numbered on from the one before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_appends_go_on_after_the_scripts_are_flushed() {
+    let server = redis_server::RedisServer::start(false);
+    let s = changehub::store::RedisStore::open(&server.url()).unwrap();
+    let now = at("2024-01-01T00:00:00Z");
+    let client = ::redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut expected = Vec::new();
+    for (round, n) in [3, 2, 4].into_iter().enumerate() {
+        let batch = changes(&format!("round{round}"), n);
+        expected.extend(batch.iter().map(|c| c.loc.clone()));
+        let appended = s.append("c", batch, None, now).await.unwrap();
+        assert_eq!(appended.last, expected.len() as u64);
+        let _: () = ::redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let log = s.read("c", 0, 100).await.unwrap();
+    let got: Vec<(u64, String)> = log.iter().map(|c| (c.seq, c.loc.clone())).collect();
+    let want: Vec<(u64, String)> = (1..).zip(expected).collect();
+    assert_eq!(got, want);
+}
+
 /// On Redis the common FeedSync item (one publisher's updates) is stored counted, not as JSON;
 /// an item stored as JSON (as older hubs stored every item) is read as it is, and counted from
 /// its next update once it has the common shape.

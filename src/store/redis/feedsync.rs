@@ -15,7 +15,7 @@ use std::sync::LazyLock;
 use time::OffsetDateTime;
 
 use super::events::raise;
-use super::log::{decode_entry, invocation, outcome, Request};
+use super::log::{append_call, decode_entry, outcome, run_script, Request};
 use super::{decode, key, timed, timed_write, RedisStore};
 use crate::model::feedsync::{self, MergedChange, SyncState, Synced};
 use crate::store::{Appended, StoreError, SyncPage};
@@ -201,13 +201,13 @@ pub(super) async fn append_merged(
         news.push(m.change);
     }
     let request = Request::new(news, None, now)?;
-    let mut invocation = invocation(&MERGE, channel, &[&request]);
+    let mut call = append_call(&MERGE, channel, &[&request]);
     for (expected, sync) in &merged {
-        invocation.arg(expected).arg(sync);
+        call.arg(expected).arg(sync);
     }
-    invocation.arg(merged.len());
+    call.arg(merged.len());
     let mut conn = store.conn();
-    let answer: Vec<u64> = timed_write(invocation.invoke_async(&mut conn)).await?;
+    let answer: Vec<u64> = timed_write(run_script(&MERGE, &call, &mut conn)).await?;
     if answer.first() == Some(&3) {
         return Ok(None);
     }

@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::conn::Conn;
 use super::events::{raise, Heads};
-use super::log::{invocation, outcome, Request};
+use super::log::{append_call, outcome, run_script, Request};
 use super::{count_errors, write_until, OP_TIMEOUT};
 use crate::store::{Appended, StoreError};
 
@@ -262,12 +262,12 @@ async fn call(appends: &Appends, channel: &str, batch: Vec<Waiting>) {
         return;
     };
     let requests: Vec<&Request> = batch.iter().map(|w| &w.request).collect();
-    let invocation = invocation(&appends.script, channel, &requests);
+    let call = append_call(&appends.script, channel, &requests);
     let mut conn = appends.conn.clone();
     let answer: Result<Vec<u64>, StoreError> = write_until(
         deadline,
         batch.len() as u64,
-        invocation.invoke_async(&mut conn),
+        run_script(&appends.script, &call, &mut conn),
     )
     .await;
     let outcomes: Vec<Result<Appended, StoreError>> = match answer {
