@@ -156,19 +156,25 @@ pub fn router(state: AppState) -> Router {
         .route("/api/subscriptions/{id}/redeliver", post(admin::redeliver))
         .merge(documents)
         .fallback(no_such_endpoint);
-    guarded(routes, state.config.max_body).with_state(state)
+    let max_body = state.config.max_body;
+    guarded(routes.with_state(state), max_body)
 }
 
 /// The layers around every route: the body limit; `Content-Encoding: gzip` bodies decoded
 /// (the limit applies to what comes out) and any other encoding refused with 415 instead of
 /// being taken as plain; a reason for the refusals those layers give; and a panicking
 /// handler answered 500 (and logged once) instead of a dropped connection.
-fn guarded<S: Clone + Send + Sync + 'static>(routes: Router<S>, max_body: usize) -> Router<S> {
-    routes
-        .layer(axum::extract::DefaultBodyLimit::max(max_body))
-        .layer(tower_http::decompression::RequestDecompressionLayer::new())
-        .layer(axum::middleware::map_response(explain))
+///
+/// They wrap the routes once, from outside (as the router's one fallback), not each route
+/// (`Router::layer`): each route is a boxed service that a request clones, and each layer
+/// added that way boxes every route once more, so a request cloned a box per layer.
+fn guarded(routes: Router, max_body: usize) -> Router {
+    let layers = tower::ServiceBuilder::new()
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(panicked))
+        .layer(axum::middleware::map_response(explain))
+        .layer(tower_http::decompression::RequestDecompressionLayer::new())
+        .layer(axum::extract::DefaultBodyLimit::max(max_body));
+    Router::new().fallback_service(layers.service(routes))
 }
 
 /// Any path the hub does not serve.
@@ -178,8 +184,13 @@ async fn no_such_endpoint() -> ApiError {
 
 /// Gives a reason to the refusals that the layers around the handlers answer without one
 /// (an unsupported `Content-Encoding`, a method a path does not take).
-async fn explain(response: axum::response::Response) -> axum::response::Response {
+async fn explain<B>(response: http::Response<B>) -> axum::response::Response
+where
+    B: axum::body::HttpBody<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+{
     use axum::body::HttpBody as _;
+    let response = response.map(axum::body::Body::new);
     let status = response.status();
     if !status.is_client_error() || response.body().size_hint().exact() != Some(0) {
         return response;
