@@ -251,8 +251,8 @@ pub(super) fn append_call(script: &Script, channel: &str, requests: &[&Request])
     let changes: usize = requests.iter().map(|r| r.len()).sum();
     let bytes: usize = requests.iter().map(|r| r.size()).sum();
     let args = 3 + KEYS.len() + 4 + 4 * requests.len() + 2 * changes;
-    // Each argument also takes its length line (`$N\r\n`, then `\r\n`).
-    let mut cmd = Cmd::with_capacity(args, bytes + 64 * KEYS.len() + 16 * args);
+    // Room for the entries and locs, the keys, and the short arguments (numbers, the hash).
+    let mut cmd = Cmd::with_capacity(args, bytes + 64 * KEYS.len() + 64 + 32 * requests.len());
     cmd.arg("EVALSHA").arg(script.get_hash()).arg(KEYS.len());
     for what in KEYS {
         cmd.arg(key(channel, what));
