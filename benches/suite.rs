@@ -12,7 +12,8 @@
 //! - `BENCH_HUB_BIN`: the hub binary under test (default: this package's release binary).
 //! - `BENCH_BEFORE_BIN`: an older `changehub` binary; every hub figure is measured for it too,
 //!   in the same run, and the table gets before columns.
-//! - `BENCH_BEFORE_LABEL`: how the report names the before binary (default: its path).
+//! - `BENCH_BEFORE_LABEL`, `BENCH_HUB_LABEL`: how the report names the before binary and the
+//!   hub binary (default: the path, relative when inside the repository).
 //! - `BENCH_REPORT`: where to write the report (default `BENCHMARKS.md` at the repo root).
 //! - `BENCH_ONLY`: some of `fanout,callback,ingest,documents,websockets,steady` (default: all
 //!   but `steady`, which runs only when named: it takes 10 minutes, 20 with a before binary).
@@ -2219,21 +2220,26 @@ fn main() {
             "BENCH_BEFORE_BIN",
         ] {
             if let Ok(v) = std::env::var(var) {
-                let v = match std::env::var("BENCH_BEFORE_LABEL") {
-                    Ok(label) if var == "BENCH_BEFORE_BIN" => format!("<{label}>"),
-                    _ => v,
+                let label = match var {
+                    "BENCH_BEFORE_BIN" => std::env::var("BENCH_BEFORE_LABEL").ok(),
+                    "BENCH_HUB_BIN" => std::env::var("BENCH_HUB_LABEL").ok(),
+                    _ => None,
                 };
+                let v = label.map_or(v, |label| format!("<{label}>"));
                 command = format!("{var}={v} {command}");
             }
         }
-        // A binary inside the repository is shown by its relative path; the before binary by
-        // BENCH_BEFORE_LABEL when given (e.g. "the release build of commit abc1234").
+        // A binary inside the repository is shown by its relative path; the hub by
+        // BENCH_HUB_LABEL and the before binary by BENCH_BEFORE_LABEL when given (e.g. "the
+        // release build of commit abc1234"): a path outside the repository means nothing to
+        // a reader of the report.
         let shown = |bin: &Path| {
             let root = Path::new(env!("CARGO_MANIFEST_DIR"));
             bin.strip_prefix(root)
                 .map_or_else(|_| bin.display().to_string(), |p| p.display().to_string())
         };
-        let mut bins = vec![("hub".to_string(), shown(&ctx.bins[0]))];
+        let hub = std::env::var("BENCH_HUB_LABEL").unwrap_or_else(|_| shown(&ctx.bins[0]));
+        let mut bins = vec![("hub".to_string(), hub)];
         if let Some(b) = ctx.bins.get(1) {
             let label = std::env::var("BENCH_BEFORE_LABEL").unwrap_or_else(|_| shown(b));
             bins.push(("before".into(), label));

@@ -4,7 +4,8 @@
 # raises the open-file limit (10,000 subscribers and websockets), then
 # `cargo bench --bench suite` with any arguments given to this script.
 # Environment: BENCH_SCALE (0.1: a quick run), BENCH_BEFORE_BIN (an older changehub binary,
-# measured in the same run), BENCH_HUB_BIN, BENCH_REPORT, BENCH_RETAINED (10000000: 10⁷ retained).
+# measured in the same run), BENCH_HUB_BIN, BENCH_BEFORE_LABEL and BENCH_HUB_LABEL (how the
+# report names those binaries), BENCH_REPORT, BENCH_RETAINED (10000000: 10⁷ retained).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
