@@ -2209,6 +2209,12 @@ fn main() {
             steady(&mut ctx).await;
         }
 
+        // How the report names the binary of BENCH_HUB_BIN or BENCH_BEFORE_BIN, when given.
+        let label = |var: &str| match var {
+            "BENCH_HUB_BIN" => std::env::var("BENCH_HUB_LABEL").ok(),
+            "BENCH_BEFORE_BIN" => std::env::var("BENCH_BEFORE_LABEL").ok(),
+            _ => None,
+        };
         let mut command =
             std::env::var("BENCH_COMMAND").unwrap_or_else(|_| "cargo bench --bench suite".into());
         for var in [
@@ -2220,12 +2226,7 @@ fn main() {
             "BENCH_BEFORE_BIN",
         ] {
             if let Ok(v) = std::env::var(var) {
-                let label = match var {
-                    "BENCH_BEFORE_BIN" => std::env::var("BENCH_BEFORE_LABEL").ok(),
-                    "BENCH_HUB_BIN" => std::env::var("BENCH_HUB_LABEL").ok(),
-                    _ => None,
-                };
-                let v = label.map_or(v, |label| format!("<{label}>"));
+                let v = label(var).map_or(v, |label| format!("<{label}>"));
                 command = format!("{var}={v} {command}");
             }
         }
@@ -2238,11 +2239,11 @@ fn main() {
             bin.strip_prefix(root)
                 .map_or_else(|_| bin.display().to_string(), |p| p.display().to_string())
         };
-        let hub = std::env::var("BENCH_HUB_LABEL").unwrap_or_else(|_| shown(&ctx.bins[0]));
+        let hub = label("BENCH_HUB_BIN").unwrap_or_else(|| shown(&ctx.bins[0]));
         let mut bins = vec![("hub".to_string(), hub)];
         if let Some(b) = ctx.bins.get(1) {
-            let label = std::env::var("BENCH_BEFORE_LABEL").unwrap_or_else(|_| shown(b));
-            bins.push(("before".into(), label));
+            let before = label("BENCH_BEFORE_BIN").unwrap_or_else(|| shown(b));
+            bins.push(("before".into(), before));
         }
         let path = std::env::var_os("BENCH_REPORT")
             .map(PathBuf::from)
