@@ -16,7 +16,7 @@
 use bytes::Bytes;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
@@ -27,7 +27,7 @@ use crate::config::Config;
 use crate::model::{Change, Notification};
 use crate::resourcesync::{self, ChangeListHeader};
 use crate::store::{Origin, Store, StoreError};
-use crate::telemetry::RateWindow;
+use crate::telemetry::{ChannelCounters, RateWindow};
 
 /// Most recent notifications a feed keeps for delivery workers to share. Their memory (bodies
 /// and changes) counts toward one bound shared by every feed, [`RecentBudget`], an eighth of
@@ -151,6 +151,9 @@ pub struct ChannelFeed {
     pub rates: RateWindow,
     /// Where the blocks of page entries that a notification completes are written.
     pages: Option<Arc<PageCache>>,
+    /// The channel's counters, registered on first use (by then the hub has installed its
+    /// recorder).
+    counters: OnceLock<ChannelCounters>,
 }
 
 /// A feed's recent notifications (see [`RECENT_MAX`]), their memory counted in the budget
@@ -261,6 +264,7 @@ impl ChannelFeed {
             delivered: AtomicU64::new(0),
             rates: RateWindow::default(),
             pages: None,
+            counters: OnceLock::new(),
         }
     }
 
@@ -271,6 +275,12 @@ impl ChannelFeed {
             pages: Some(pages),
             ..ChannelFeed::with_budget(name, budget)
         }
+    }
+
+    /// The channel's counters (see [`ChannelCounters`]).
+    pub fn counters(&self) -> &ChannelCounters {
+        self.counters
+            .get_or_init(|| ChannelCounters::register(&self.name))
     }
 
     /// When the channel began and the epoch of its log (recorded by the first call, see
@@ -509,8 +519,7 @@ async fn cut(
         }
         let mut n = render_notification(config, &feed.name, epoch, batch);
         n.accepted_at = seen;
-        metrics::counter!("changehub_notifications_total", "channel" => feed.name.clone())
-            .increment(1);
+        feed.counters().notifications.increment(1);
         tracing::debug!(channel = %feed.name, first = n.first, last = n.last, "notification cut");
         feed.publish(n);
     }

@@ -138,6 +138,9 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
     let config = Arc::new(config);
+    // Before anything counts: the channels' counters are registered with the recorder there
+    // is when they are first used (`ChannelCounters`).
+    let metrics = crate::telemetry::install();
     let store = open_store(&config)?;
     let hub = Hub::start(config.clone(), store).await?;
     // `stopping` fires when `shutdown` completes: the server stops accepting, and websockets
@@ -159,7 +162,7 @@ pub async fn run(
         tasks: hub.work.tasks.clone(),
         shutdown: stopping.clone(),
         connections: Arc::default(),
-        metrics: crate::telemetry::install(),
+        metrics,
         control: hub.control.clone(),
         rendered: Arc::new(http::rendered::RenderedDocs::new(config.closed_lists)),
         pages: hub.pages.clone(),

@@ -161,6 +161,38 @@ impl Gauges {
     }
 }
 
+/// A channel's counters, registered with the recorder once and kept by its feed
+/// ([`crate::batcher::ChannelFeed::counters`]): a counter named with a label is otherwise
+/// looked up (its key built, its label copied, the registry searched) on every increment,
+/// which is a tenth of the allocations of a 1-change publish.
+pub struct ChannelCounters {
+    /// `changehub_ingest_requests_total` by `outcome`.
+    pub accepted: metrics::Counter,
+    pub replayed: metrics::Counter,
+    pub rejected: metrics::Counter,
+    pub failed: metrics::Counter,
+    /// `changehub_ingested_changes_total`.
+    pub changes: metrics::Counter,
+    /// `changehub_notifications_total`.
+    pub notifications: metrics::Counter,
+}
+
+impl ChannelCounters {
+    /// Registers `channel`'s counters with the recorder installed now (before [`install`]:
+    /// with none, and they count nothing).
+    pub fn register(channel: &str) -> ChannelCounters {
+        let requests = |outcome: &'static str| metrics::counter!("changehub_ingest_requests_total", "channel" => channel.to_string(), "outcome" => outcome);
+        ChannelCounters {
+            accepted: requests("accepted"),
+            replayed: requests("replayed"),
+            rejected: requests("rejected"),
+            failed: requests("failed"),
+            changes: metrics::counter!("changehub_ingested_changes_total", "channel" => channel.to_string()),
+            notifications: metrics::counter!("changehub_notifications_total", "channel" => channel.to_string()),
+        }
+    }
+}
+
 /// Seconds per step of a [`RateWindow`].
 pub const RATE_STEP_SECS: u64 = 10;
 /// Steps a [`RateWindow`] keeps: 10 minutes.

@@ -153,7 +153,7 @@ async fn fetch_once(
         .headers()
         .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .map(crate::net::media::essence)
+        .map(|t| crate::net::media::essence(t).into_owned())
         .filter(|t| !t.is_empty());
     let mut body = Vec::new();
     while let Some(chunk) = response

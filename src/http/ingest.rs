@@ -18,11 +18,12 @@ pub async fn post_changes(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let channel = state
+    let hosted = state
         .feeds
-        .spec(&name)
+        .get(&name)
         .ok_or_else(|| ApiError::not_found(format!("no channel {name:?}")))?;
-    let source = ApiError::check_publisher(&headers, &channel)?;
+    let counters = hosted.feed.counters();
+    let source = ApiError::check_publisher(&headers, &hosted.spec)?;
 
     let content_type = headers
         .get(http::header::CONTENT_TYPE)
@@ -73,13 +74,9 @@ pub async fn post_changes(
         state.config.max_future,
     )
     .await
-    .inspect_err(|e| {
-        let outcome = match e {
-            IngestError::Store(_) => "failed",
-            _ => "rejected",
-        };
-        metrics::counter!("changehub_ingest_requests_total", "channel" => name.clone(), "outcome" => outcome)
-            .increment(1);
+    .inspect_err(|e| match e {
+        IngestError::Store(_) => counters.failed.increment(1),
+        _ => counters.rejected.increment(1),
     })
     .map_err(|e| match e {
         IngestError::Body(e) => ApiError {
@@ -92,27 +89,16 @@ pub async fn post_changes(
         IngestError::Store(e) => ApiError::from(e),
     })?;
     tracing::debug!(channel = %name, first = appended.first, last = appended.last, replayed = appended.replayed, "changes accepted");
-    let outcome = if appended.replayed {
-        "replayed"
-    } else {
-        "accepted"
-    };
-    metrics::counter!("changehub_ingest_requests_total", "channel" => name.clone(), "outcome" => outcome)
-        .increment(1);
-    if !appended.replayed {
-        metrics::counter!("changehub_ingested_changes_total", "channel" => name.clone())
-            .increment(appended.accepted as u64);
-    }
-    let mut response = (
-        StatusCode::ACCEPTED,
-        Json(serde_json::json!({
-            "accepted": appended.accepted,
-            "first": appended.first,
-            "last": appended.last,
-        })),
-    )
-        .into_response();
     if appended.replayed {
+        counters.replayed.increment(1);
+    } else {
+        counters.accepted.increment(1);
+        counters.changes.increment(appended.accepted as u64);
+    }
+    let replayed = appended.replayed;
+    // {"accepted", "first", "last"}: `replayed` is the header below.
+    let mut response = (StatusCode::ACCEPTED, Json(appended)).into_response();
+    if replayed {
         response.headers_mut().insert(
             "idempotent-replayed",
             http::HeaderValue::from_static("true"),

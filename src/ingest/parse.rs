@@ -62,7 +62,7 @@ impl Format {
         let Some(value) = value else {
             return Some(Format::Json);
         };
-        match crate::net::media::essence(value).as_str() {
+        match crate::net::media::essence(value).as_ref() {
             "application/json" => Some(Format::Json),
             "application/x-ndjson"
             | "application/ndjson"
