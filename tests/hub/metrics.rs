@@ -136,6 +136,18 @@ async fn metrics_move_with_ingest_deliveries_failures_and_connections() {
         ),
         1.0
     );
+    // The outcomes not seen yet are there too, at 0 (docs/operations.md).
+    for outcome in ["replayed", "failed"] {
+        let series = s.samples.iter().find(|x| {
+            x.metric == "changehub_ingest_requests_total"
+                && x.labels.get("channel") == Some(CHANNEL)
+                && x.labels.get("outcome") == Some(outcome)
+        });
+        assert!(
+            matches!(series.map(|x| &x.value), Some(Value::Counter(v)) if *v == 0.0),
+            "{outcome}: {series:?}"
+        );
+    }
     assert_eq!(value(&s, "changehub_ingested_changes_total", &news), 10.0);
     assert_eq!(value(&s, "changehub_store_append_seconds", &[]), 1.0);
     assert!(value(&s, "changehub_notifications_total", &news) >= 1.0);
