@@ -181,14 +181,28 @@ impl ChannelCounters {
     /// Registers `channel`'s counters with the recorder installed now (before [`install`]:
     /// with none, and they count nothing).
     pub fn register(channel: &str) -> ChannelCounters {
-        let requests = |outcome: &'static str| metrics::counter!("changehub_ingest_requests_total", "channel" => channel.to_string(), "outcome" => outcome);
+        let requests = |outcome: &'static str| {
+            metrics::counter!(
+                "changehub_ingest_requests_total",
+                "channel" => channel.to_string(),
+                "outcome" => outcome
+            )
+        };
+        let changes = metrics::counter!(
+            "changehub_ingested_changes_total",
+            "channel" => channel.to_string()
+        );
+        let notifications = metrics::counter!(
+            "changehub_notifications_total",
+            "channel" => channel.to_string()
+        );
         ChannelCounters {
             accepted: requests("accepted"),
             replayed: requests("replayed"),
             rejected: requests("rejected"),
             failed: requests("failed"),
-            changes: metrics::counter!("changehub_ingested_changes_total", "channel" => channel.to_string()),
-            notifications: metrics::counter!("changehub_notifications_total", "channel" => channel.to_string()),
+            changes,
+            notifications,
         }
     }
 }
