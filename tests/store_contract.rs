@@ -1781,3 +1781,118 @@ async fn redis_cluster_store_reconnects_after_a_cluster_restart() {
     assert_eq!(late.head("c").await.unwrap(), a.head("c").await.unwrap());
     hear(&late, &mut events, "from-late").await;
 }
+
+/// The Redis log holds up to 32 changes per stream entry (a chunk): a request of 100 changes
+/// takes four entries, older entries of one change each read as before, every range reads
+/// exactly its seqs from wherever it starts in a chunk, and retention drops whole entries
+/// while readers never see a change before the new oldest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_the_log_holds_chunks_of_changes() {
+    let server = redis_server::RedisServer::start(false);
+    let s = changehub::store::RedisStore::open(&server.url()).unwrap();
+    let now = at("2024-01-01T00:00:00Z");
+    let client = ::redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    // Three changes as older hubs wrote them: one entry each, field `e`.
+    let old_key = format!(
+        "{:023}",
+        now.unix_timestamp_nanos() + 1_000_000_000_000_000_000_000
+    );
+    for seq in 1..=3 {
+        let entry =
+            format!(r#"{old_key}{{"loc":"http://example.com/old/{seq}","change":"created"}}"#);
+        let _: String = ::redis::cmd("XADD")
+            .arg("changehub:{c}:log")
+            .arg(seq)
+            .arg("e")
+            .arg(entry)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let _: () = ::redis::cmd("HSET")
+        .arg("changehub:{c}:meta")
+        .arg("last")
+        .arg(3)
+        .arg("oldest")
+        .arg(1)
+        .arg("dt")
+        .arg(&old_key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let appended = s
+        .append("c", changes("bulk", 100), None, now)
+        .await
+        .unwrap();
+    assert_eq!((appended.first, appended.last), (4, 103));
+    let ones = (0..5).map(|i| s.append("c", changes(&format!("one{i}"), 1), None, now));
+    for appended in futures_util::future::join_all(ones).await {
+        assert_eq!(appended.unwrap().accepted, 1);
+    }
+    let last = 108;
+    let entries: Vec<(String, Vec<(String, String)>)> = ::redis::cmd("XRANGE")
+        .arg("changehub:{c}:log")
+        .arg("-")
+        .arg("+")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let ids: Vec<&str> = entries.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(
+        ids[..7],
+        ["1-0", "2-0", "3-0", "4-0", "36-0", "68-0", "100-0"]
+    );
+    assert!(entries[3..7]
+        .iter()
+        .all(|(_, f)| f.iter().all(|(n, _)| n == "c")));
+    assert_eq!(entries[6].1.len(), 4);
+    assert!(entries.len() <= 12, "{} entries", entries.len());
+
+    let seqs = |changes: Vec<changehub::model::Change>| -> Vec<u64> {
+        changes.iter().map(|c| c.seq).collect()
+    };
+    for after in 0..=last {
+        for limit in [1, 2, 31, 33, 200] {
+            let want: Vec<u64> = (after + 1..=last.min(after + limit as u64)).collect();
+            let got = seqs(s.read("c", after, limit).await.unwrap());
+            assert_eq!(got, want, "after {after}, limit {limit}");
+        }
+    }
+    let all = s.read("c", 0, 1000).await.unwrap();
+    assert_eq!(all[0].loc, "http://example.com/old/1");
+    assert_eq!(all[3].loc, "http://example.com/bulk/0");
+    assert_eq!(all[102].loc, "http://example.com/bulk/99");
+    for n in [1, 5, 40, 500] {
+        let want: Vec<u64> = (last.saturating_sub(n as u64) + 1..=last).collect();
+        assert_eq!(
+            seqs(s.read_newest("c", n).await.unwrap()),
+            want,
+            "newest {n}"
+        );
+    }
+
+    // Keep the newest 50: seq 59 is inside the entry of seqs 36 to 67, which stays whole.
+    let retention = Retention {
+        max_changes: 50,
+        max_age: None,
+        list_size: 1,
+    };
+    assert_eq!(s.trim("c", retention, now).await.unwrap(), 58);
+    assert_eq!(s.head("c").await.unwrap(), ChannelHead { oldest: 59, last });
+    let first: Vec<(String, Vec<(String, String)>)> = ::redis::cmd("XRANGE")
+        .arg("changehub:{c}:log")
+        .arg("-")
+        .arg("+")
+        .arg("COUNT")
+        .arg(1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(first[0].0, "36-0");
+    let kept: Vec<u64> = (59..=last).collect();
+    assert_eq!(seqs(s.read("c", 0, 1000).await.unwrap()), kept);
+    assert_eq!(seqs(s.read("c", 40, 1000).await.unwrap()), kept);
+    assert_eq!(seqs(s.read("c", 58, 3).await.unwrap()), [59, 60, 61]);
+    assert_eq!(seqs(s.read_newest("c", 1000).await.unwrap()), kept);
+}

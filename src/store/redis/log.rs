@@ -8,8 +8,16 @@
 //! record; then one head announcement for the call). Each request gets its own outcome
 //! ([`outcome`]), as if it had been appended alone.
 //!
-//! A log entry is a stream entry with id `SEQ-0` and one field `e`: the change's final
-//! datetime as a sortable [`datetime_key`], then the change as the source sent it ([`Stored`]).
+//! The log is a stream whose entries hold up to 32 changes with consecutive seqs each (a chunk,
+//! see the script): entry id `FIRST-0` (the seq of its first change), then one field per
+//! change in seq order, `e` when the entry holds one change and `c` for each when it holds
+//! more. A field's value is the change's final datetime as a sortable [`datetime_key`], then
+//! the change as the source sent it ([`Stored`]). Entries never change; retention removes
+//! whole entries only (an entry that holds the first retained change stays whole) and readers
+//! leave out what lies before `oldest`.
+//!
+//! Older hubs wrote an entry per change (field `e`), which reads the same. A hub that knows
+//! only those refuses a `c` entry as corrupt instead of reading it wrong.
 
 use redis::{AsyncCommands, Cmd, Script, Value};
 use time::OffsetDateTime;
@@ -97,20 +105,34 @@ impl<'a> From<&'a NewChange> for Stored<'a> {
     }
 }
 
-/// The changes of an `XRANGE` or `XREVRANGE` reply, in its order. The reply is walked as it
-/// came, its entries borrowed: converting it to `Vec<(String, Vec<Vec<u8>>)>` first allocated
-/// and copied every entry once more.
-fn reply_to_changes(reply: &Value) -> Result<Vec<Change>, StoreError> {
+/// Appends the changes of the entries of an `XRANGE` or `XREVRANGE` reply to `out`, in the
+/// reply's order and each entry's own (seq order within an entry), those with a seq in `keep`
+/// only. The reply is walked as it came, its entries borrowed: converting it to
+/// `Vec<(String, Vec<Vec<u8>>)>` first allocated and copied every entry once more.
+fn reply_to_changes(
+    reply: &Value,
+    keep: std::ops::RangeInclusive<u64>,
+    out: &mut Vec<Change>,
+) -> Result<(), StoreError> {
     let entries = match reply {
         Value::Array(entries) => entries.as_slice(),
         Value::Nil => &[],
         other => return Err(StoreError::Corrupt(format!("bad log reply {other:?}"))),
     };
-    entries.iter().map(entry_to_change).collect()
+    for entry in entries {
+        entry_to_changes(entry, &keep, out)?;
+    }
+    Ok(())
 }
 
-/// Rebuilds a change from one entry of a range reply: `[id, [field, value, …]]`.
-fn entry_to_change(entry: &Value) -> Result<Change, StoreError> {
+/// Rebuilds the changes of one entry of a range reply (`[id, [field, value, …]]`) whose seqs
+/// are in `keep`: its field `e` (one change, seq `id`) or each of its fields `c` (seqs `id`,
+/// `id + 1`, …); other fields are passed over.
+fn entry_to_changes(
+    entry: &Value,
+    keep: &std::ops::RangeInclusive<u64>,
+    out: &mut Vec<Change>,
+) -> Result<(), StoreError> {
     let bad = || StoreError::Corrupt(format!("bad log entry {entry:?}"));
     let Value::Array(parts) = entry else {
         return Err(bad());
@@ -118,23 +140,34 @@ fn entry_to_change(entry: &Value) -> Result<Change, StoreError> {
     let [Value::BulkString(id), Value::Array(fields)] = parts.as_slice() else {
         return Err(bad());
     };
-    let seq: u64 = std::str::from_utf8(id)
+    let first: u64 = std::str::from_utf8(id)
         .ok()
         .and_then(|id| id.split_once('-'))
         .and_then(|(s, _)| s.parse().ok())
         .ok_or_else(|| {
             StoreError::Corrupt(format!("bad entry id {:?}", String::from_utf8_lossy(id)))
         })?;
-    let value = fields
-        .chunks(2)
-        .find_map(|pair| match pair {
-            [Value::BulkString(name), Value::BulkString(value)] if name.as_slice() == b"e" => {
-                Some(value)
-            }
-            _ => None,
-        })
-        .ok_or_else(|| StoreError::Corrupt(format!("entry {seq} lacks its change")))?;
-    decode_entry(seq, value)
+    let mut seq = first;
+    let mut found = false;
+    for pair in fields.chunks(2) {
+        let [Value::BulkString(name), Value::BulkString(value)] = pair else {
+            continue;
+        };
+        if name.as_slice() != b"e" && name.as_slice() != b"c" {
+            continue;
+        }
+        found = true;
+        if keep.contains(&seq) {
+            out.push(decode_entry(seq, value)?);
+        }
+        seq += 1;
+    }
+    if !found {
+        return Err(StoreError::Corrupt(format!(
+            "entry {first} lacks its changes"
+        )));
+    }
+    Ok(())
 }
 
 /// Rebuilds change `seq` from its entry (the `e` field of the log, the value of the index).
@@ -335,7 +368,7 @@ pub(super) async fn append(
 }
 
 /// Up to `limit` changes of `channel`: from seq `from` on, or the newest ones (oldest first
-/// either way).
+/// either way). Never one before the channel's `oldest`.
 pub(super) async fn range(
     store: &RedisStore,
     channel: &str,
@@ -347,22 +380,40 @@ pub(super) async fn range(
         return Ok(Vec::new());
     }
     let mut conn = store.conn();
-    let log = key(channel, "log");
-    let mut cmd = if newest {
-        let mut c = redis::cmd("XREVRANGE");
-        c.arg(&log).arg("+").arg("-");
-        c
+    let from = if newest {
+        let last: Option<u64> = timed(conn.hget(key(channel, "meta"), "last")).await?;
+        let Some(last) = last.filter(|&l| l > 0) else {
+            return Ok(Vec::new());
+        };
+        (last + 1).saturating_sub(limit as u64).max(1)
     } else {
-        let mut c = redis::cmd("XRANGE");
-        c.arg(&log).arg(format!("{from}-0")).arg("+");
-        c
+        from.max(1)
     };
-    cmd.arg("COUNT").arg(limit);
-    let reply: Value = timed(cmd.query_async(&mut conn)).await?;
-    let mut out = reply_to_changes(&reply)?;
-    if newest {
-        out.reverse();
-    }
+    let upto = from.saturating_add(limit as u64 - 1);
+    let log = key(channel, "log");
+    // In one round trip: where the log starts, the entry before `from` (it may hold `from`
+    // and more: an entry holds a chunk of changes), and the entries that begin in
+    // `from..=upto` (at most `limit` of them: every entry holds one change at least).
+    let mut pipe = redis::pipe();
+    pipe.hget(key(channel, "meta"), "oldest");
+    // From seq 1: `0-0`, before every entry.
+    pipe.cmd("XREVRANGE")
+        .arg(&log)
+        .arg(format!("{}-0", from - 1))
+        .arg("-")
+        .arg("COUNT")
+        .arg(1);
+    pipe.cmd("XRANGE")
+        .arg(&log)
+        .arg(format!("{from}-0"))
+        .arg(format!("{upto}-0"));
+    let (oldest, before, entries): (Option<u64>, Value, Value) =
+        timed(pipe.query_async(&mut conn)).await?;
+    let keep = from.max(oldest.unwrap_or(1))..=upto;
+    let mut out = Vec::with_capacity(limit.min(1024));
+    reply_to_changes(&before, keep.clone(), &mut out)?;
+    reply_to_changes(&entries, keep, &mut out)?;
+    out.truncate(limit);
     Ok(out)
 }
 
@@ -576,22 +627,45 @@ mod tests {
             Value::Array(vec![bulk(id.as_bytes()), Value::Array(fields)])
         };
         let entries: Vec<&[u8]> = request.entries().collect();
+        let read = |reply: &Value, keep| {
+            let mut out = Vec::new();
+            reply_to_changes(reply, keep, &mut out).map(|()| out)
+        };
         let reply = Value::Array(vec![
             entry("7-0", vec![bulk(b"e"), bulk(entries[0])]),
-            // Fields other than `e` are passed over.
+            // Fields other than `e` and `c` are passed over.
             entry(
                 "9-0",
                 vec![bulk(b"x"), bulk(b"y"), bulk(b"e"), bulk(entries[1])],
             ),
+            // A chunk: seqs 10, 11 and 12.
+            entry(
+                "10-0",
+                vec![
+                    bulk(b"c"),
+                    bulk(entries[1]),
+                    bulk(b"c"),
+                    bulk(entries[0]),
+                    bulk(b"c"),
+                    bulk(entries[1]),
+                ],
+            ),
         ]);
-        let read = reply_to_changes(&reply).unwrap();
-        let got: Vec<(u64, &str)> = read.iter().map(|c| (c.seq, c.loc.as_str())).collect();
+        let got = |changes: Vec<Change>| -> Vec<(u64, String)> {
+            changes.into_iter().map(|c| (c.seq, c.loc)).collect()
+        };
+        let (a, b) = ("http://example.com/a", "http://example.com/b");
         assert_eq!(
-            got,
-            [(7, "http://example.com/a"), (9, "http://example.com/b")]
+            got(read(&reply, 0..=u64::MAX).unwrap()),
+            [(7, a), (9, b), (10, b), (11, a), (12, b)].map(|(s, l)| (s, l.to_string()))
         );
-        assert!(reply_to_changes(&Value::Nil).unwrap().is_empty());
-        assert!(reply_to_changes(&Value::Array(Vec::new()))
+        // Only the seqs asked for, also from within a chunk.
+        assert_eq!(
+            got(read(&reply, 9..=11).unwrap()),
+            [(9, b), (10, b), (11, a)].map(|(s, l)| (s, l.to_string()))
+        );
+        assert!(read(&Value::Nil, 0..=u64::MAX).unwrap().is_empty());
+        assert!(read(&Value::Array(Vec::new()), 0..=u64::MAX)
             .unwrap()
             .is_empty());
         let bad = [
@@ -599,11 +673,12 @@ mod tests {
             Value::Array(vec![entry("7-0", vec![bulk(b"x"), bulk(entries[0])])]),
             Value::Array(vec![entry("seven", vec![bulk(b"e"), bulk(entries[0])])]),
             Value::Array(vec![entry("7-0", vec![bulk(b"e"), bulk(b"short")])]),
+            Value::Array(vec![entry("7-0", vec![bulk(b"c"), bulk(b"short")])]),
             Value::Array(vec![Value::Array(vec![bulk(b"7-0")])]),
         ];
         for reply in bad {
             assert!(
-                matches!(reply_to_changes(&reply), Err(StoreError::Corrupt(_))),
+                matches!(read(&reply, 0..=u64::MAX), Err(StoreError::Corrupt(_))),
                 "{reply:?} was taken"
             );
         }

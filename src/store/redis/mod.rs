@@ -11,7 +11,7 @@
 //!
 //! | key | type | what |
 //! |---|---|---|
-//! | `changehub:{c}:log` | stream | the log; entry id `SEQ-0`, one field `e`: the final datetime as a 23-digit sortable key, then the change as the source sent it (JSON, empty fields left out) |
+//! | `changehub:{c}:log` | stream | the log, in chunks: an entry holds up to 32 changes with consecutive seqs, id `FIRST-0` (the seq of the first), one field per change in seq order (`e` alone, `c` each when several): the final datetime as a 23-digit sortable key, then the change as the source sent it (JSON, empty fields left out) |
 //! | `changehub:{c}:meta` | hash | `last` (newest seq), `oldest` (first retained seq), `dt` (latest datetime key), `published` (what the owner announced), `indexed` (the resource index is complete), `created` (when the channel began, a datetime key) |
 //! | `changehub:{c}:res` | hash | resource index: loc → the log entry of its latest change |
 //! | `changehub:{c}:res-seq` | sorted set | resource index: loc by the seq of its latest change |
@@ -41,12 +41,13 @@
 //! `MOVED`/`ASK` and topology changes); both behind `conn::Conn`, so every command and script
 //! runs unchanged on either.
 //!
-//! Appends run as one Lua script (idempotency check, next seqs, datetime clamp, `XADD` with
-//! explicit ids, meta update, `PUBLISH`), so concurrent ingest on any number of instances
+//! Appends run as one Lua script (idempotency check, next seqs, datetime clamp, an `XADD` with
+//! an explicit id per chunk of 32 changes, meta update, `PUBLISH`), so concurrent ingest on any number of instances
 //! yields gapless seqs. Within one process the appends of a channel are grouped: while one
 //! script call for the channel runs, the appends that come wait, and the next call takes them
 //! all (each keeps its own idempotency check and outcome); a request of 100 changes or more
-//! makes its own call at once. Retention moves `oldest` forward and `XTRIM MINID`s the stream.
+//! makes its own call at once. Retention moves `oldest` forward and `XTRIM MINID`s the stream up to the entry
+//! that holds the new `oldest` (whole entries only; readers leave out what lies before it).
 //!
 //! Instances talk through the pub/sub channel `changehub:events` (`head c last`,
 //! `published c first last`, `subscription c id`, `released c`, `pinged c`). Pub/sub is at most once, so

@@ -8,6 +8,10 @@
 --       datetime key, 23 digits, then its JSON), then the loc of each, in the same order
 -- Returns 4 numbers per request, in order: status (0 appended, 1 replayed: the key was seen
 -- with the same fingerprint, 2 conflict: with another one), accepted, first and last seq.
+-- The changes of the call go into the log CHUNK at a time, one stream entry per chunk (see
+-- log.rs): id FIRST-0, where FIRST is the seq of its first change, and one field per change,
+-- in seq order; `e` when the entry holds one change, `c` for each when it holds more. A field
+-- per change costs Redis about a third of what an XADD per change did.
 local ttl = tonumber(ARGV[1])
 local r = tonumber(ARGV[4])
 local total = 0
@@ -31,6 +35,17 @@ local function flush_index()
     call('ZADD', KEYS[6], unpack(scores))
     entries, scores, pieced = {}, {}, 0
   end
+end
+-- The chunk of the log being filled: its changes, as the XADD's field-value pairs.
+local CHUNK = 32
+local chunk, chunked, chunk_id = {}, 0, nil
+local function flush_chunk()
+  if chunked == 1 then
+    call('XADD', log_key, chunk_id, 'e', chunk[2])
+  elseif chunked > 1 then
+    call('XADD', log_key, chunk_id, unpack(chunk, 1, 2 * chunked))
+  end
+  chunked = 0
 end
 -- Every item the call may update is read at once (those of a request that turns out to be a
 -- replay too: rare, and harmless).
@@ -65,9 +80,13 @@ for j = 0, r - 1 do
       end
       last = last + 1
       e = sx_record(res_key, loc, e, d)
-      -- The entry's id is SEQ-0: XADD takes SEQ for it, the index's score is SEQ too.
+      -- The index's score is the seq; a chunk's entry id is its first seq (XADD makes it SEQ-0).
       local id = format('%d', last)
-      call('XADD', log_key, id, 'e', e)
+      if chunked == 0 then chunk_id = id end
+      chunked = chunked + 1
+      chunk[2 * chunked - 1] = 'c'
+      chunk[2 * chunked] = e
+      if chunked >= CHUNK then flush_chunk() end
       pieced = pieced + 2
       entries[pieced - 1] = loc
       entries[pieced] = e
@@ -86,6 +105,7 @@ for j = 0, r - 1 do
   for _, v in ipairs(outcome) do out[#out + 1] = v end
   done = done + n
 end
+flush_chunk()
 flush_index()
 sx_flush(KEYS[7], KEYS[8])
 if last > before then

@@ -6,7 +6,10 @@ local want = tonumber(ARGV[1])
 if want > last then want = last end
 local removed = 0
 if want > oldest then
-  redis.call('XTRIM', KEYS[1], 'MINID', string.format('%d-0', want))
+  -- Whole entries only: the one that holds `want` stays (see log.rs), readers leave out the
+  -- changes in it before `oldest`.
+  local holder = redis.call('XREVRANGE', KEYS[1], string.format('%d-0', want), '-', 'COUNT', 1)
+  if holder[1] then redis.call('XTRIM', KEYS[1], 'MINID', holder[1][1]) end
   redis.call('HSET', KEYS[2], 'oldest', string.format('%d', want))
   removed = want - oldest
 end
