@@ -3,7 +3,9 @@
 //! for its 202, a subscriber reading the topic) still gets the CPU first; delivery takes what
 //! is left, which is all of it when nothing else runs. Measured with `bash scripts/bench.sh`
 //! (1,000 subscribers, two cores): a publish's 202 p99 went from 26–57 ms to under 5 ms
-//! (BENCHMARKS.md has the run).
+//! (BENCHMARKS.md has the run). A worker also gives its core away between two steps
+//! ([`give_way`]), as a lower priority alone does not take a core from a running thread
+//! before the next scheduler tick.
 
 use tokio::runtime::{Builder, Handle, Runtime};
 
@@ -59,6 +61,41 @@ impl Drop for DeliveryRuntime {
         }
     }
 }
+
+/// How long a delivery thread runs before it lets a waiting thread of the hub go first.
+const GIVE_WAY_EVERY: std::time::Duration = std::time::Duration::from_micros(250);
+
+thread_local! {
+    static LAST_GAVE_WAY: std::cell::Cell<Option<std::time::Instant>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// Called by a delivery worker between two steps: at most every [`GIVE_WAY_EVERY`], lets any
+/// thread waiting for this core run first (`sched_yield`), and goes on at once when none
+/// waits. A lower priority alone does not do it: Linux lets a running thread finish its time
+/// slice (up to a scheduler tick, 4 ms at 250 Hz) before a thread it woke or that woke beside
+/// it gets the core, and a publish's 202 waited that long behind busy delivery threads.
+pub fn give_way() {
+    let now = std::time::Instant::now();
+    LAST_GAVE_WAY.with(|last| match last.get() {
+        Some(at) if now.duration_since(at) < GIVE_WAY_EVERY => {}
+        _ => {
+            last.set(Some(now));
+            yield_core();
+        }
+    });
+}
+
+#[cfg(target_os = "linux")]
+fn yield_core() {
+    // SAFETY: sched_yield takes no arguments and cannot fail on Linux.
+    unsafe {
+        libc::sched_yield();
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn yield_core() {}
 
 /// Lowers the calling thread's priority (on Linux the nice value belongs to the thread).
 #[cfg(target_os = "linux")]

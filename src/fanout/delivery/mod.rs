@@ -68,7 +68,9 @@ pub async fn run_worker(
         content_delivered: content_version,
         content_retry: None,
     };
-    while worker.step().await.is_continue() {}
+    while worker.step().await.is_continue() {
+        super::runtime::give_way();
+    }
 }
 
 /// One subscription's worker: what it follows and how far it got.
