@@ -42,12 +42,13 @@
 //! runs unchanged on either.
 //!
 //! Appends run as one Lua script (idempotency check, next seqs, datetime clamp, an `XADD` with
-//! an explicit id per chunk of 32 changes, meta update, `PUBLISH`), so concurrent ingest on any number of instances
-//! yields gapless seqs. Within one process the appends of a channel are grouped: while one
-//! script call for the channel runs, the appends that come wait, and the next call takes them
-//! all (each keeps its own idempotency check and outcome); a request of 100 changes or more
-//! makes its own call at once. Retention moves `oldest` forward and `XTRIM MINID`s the stream up to the entry
-//! that holds the new `oldest` (whole entries only; readers leave out what lies before it).
+//! an explicit id per chunk of 32 changes, meta update, `PUBLISH`), so concurrent ingest on
+//! any number of instances yields gapless seqs. Within one process the appends of a channel
+//! are grouped: while one script call for the channel runs, the appends that come wait, and
+//! the next call takes them all (each keeps its own idempotency check and outcome); a request
+//! of 100 changes or more makes its own call at once. Retention moves `oldest` forward and
+//! `XTRIM MINID`s the stream up to the entry that holds the new `oldest` (whole entries only;
+//! readers leave out what lies before it).
 //!
 //! Instances talk through the pub/sub channel `changehub:events` (`head c last`,
 //! `published c first last`, `subscription c id`, `released c`, `pinged c`). Pub/sub is at most once, so

@@ -7,7 +7,8 @@
 local entries = redis.call('XRANGE', KEYS[1], ARGV[1] .. '-0', '+', 'COUNT', ARGV[2])
 local next_seq = tonumber(ARGV[1])
 for _, entry in ipairs(entries) do
-  local seq = tonumber(string.match(entry[1], '^(%d+)'))
+  local id = tonumber(string.match(entry[1], '^(%d+)'))
+  local seq = id
   local fields = entry[2]
   for k = 1, #fields - 1, 2 do
     if fields[k] == 'e' or fields[k] == 'c' then
@@ -21,7 +22,8 @@ for _, entry in ipairs(entries) do
       seq = seq + 1
     end
   end
-  next_seq = seq
+  -- Past this entry even when it held no change (the next call must not read it again).
+  next_seq = math.max(seq, id + 1)
 end
 if #entries < tonumber(ARGV[2]) then
   redis.call('HSET', KEYS[2], 'indexed', '1')
