@@ -294,7 +294,58 @@ impl NewChange {
     }
 }
 
+thread_local! {
+    /// The `scheme://authority` of the last URI [`check_uri`] accepted on this thread: the
+    /// locs of one request nearly always share it.
+    static ACCEPTED_AUTHORITY: std::cell::RefCell<String> =
+        const { std::cell::RefCell::new(String::new()) };
+}
+
+/// Where the `scheme://authority` of `uri` ends, as a URL parser reads it for http(s): at the
+/// first `/`, `\`, `?` or `#` after `://`, or at the end; `None` without `://`.
+fn authority_end(uri: &str) -> Option<usize> {
+    let start = uri.find("://")? + 3;
+    Some(
+        uri[start..]
+            .find(['/', '\\', '?', '#'])
+            .map_or(uri.len(), |i| start + i),
+    )
+}
+
+/// [`check_uri_fully`], answered without parsing when `uri` has the `scheme://authority` of
+/// the last URI accepted on this thread: whatever follows the authority (path, query,
+/// fragment) never makes an http(s) URL fail to parse, so only the checks on the text as a
+/// whole are left (its length, no whitespace or control characters).
 fn check_uri(uri: &str) -> Result<(), String> {
+    let end = authority_end(uri);
+    let known = end.is_some_and(|end| {
+        ACCEPTED_AUTHORITY.with_borrow(|accepted| !accepted.is_empty() && *accepted == uri[..end])
+    });
+    if known {
+        return check_uri_text(uri);
+    }
+    check_uri_fully(uri)?;
+    if let Some(end) = end {
+        ACCEPTED_AUTHORITY.with_borrow_mut(|accepted| {
+            accepted.clear();
+            accepted.push_str(&uri[..end]);
+        });
+    }
+    Ok(())
+}
+
+/// The checks of [`check_uri_fully`] that look at the text as a whole, in its order.
+fn check_uri_text(uri: &str) -> Result<(), String> {
+    if uri.chars().count() > MAX_URI_LEN {
+        return Err(format!("longer than {MAX_URI_LEN} characters"));
+    }
+    if uri.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err("contains whitespace or control characters".into());
+    }
+    Ok(())
+}
+
+fn check_uri_fully(uri: &str) -> Result<(), String> {
     if uri.chars().count() > MAX_URI_LEN {
         return Err(format!("longer than {MAX_URI_LEN} characters"));
     }
@@ -456,6 +507,48 @@ mod tests {
         ] {
             assert!(parse_w3c_datetime(bad).is_err(), "{bad}");
         }
+    }
+
+    /// A URI checked right after another one with the same `scheme://authority` (the check
+    /// then takes a shortcut) gets the answer it gets on its own.
+    #[test]
+    fn a_uri_after_one_of_the_same_authority_is_checked_the_same() {
+        let uris = [
+            "http://example.com/a",
+            "http://example.com",
+            "http://example.com/",
+            "http://example.com?q",
+            "http://example.com#f",
+            "http://example.com\\x",
+            "http://example.com/a b",
+            "http://example.com/a\tb",
+            "http://example.com/%zz/../..//x?y=%00#\u{e9}",
+            "http://example.com.evil/a",
+            "http://example.com:99999/a",
+            "http://example.com:80/a",
+            "http://example.co/a",
+            "HTTP://example.com/a",
+            "https://example.com/a",
+            "http://user@example.com/a",
+            "http://[::1]/a",
+            "http://[::1/a",
+            "http:///a",
+            "http://",
+            "/relative",
+            "ftp://example.com/a",
+            "http://ex ample.com/a",
+        ];
+        let long = format!("http://example.com/{}", "a".repeat(MAX_URI_LEN));
+        for uri in uris.iter().copied().chain([long.as_str()]) {
+            let alone = check_uri_fully(uri);
+            for before in uris {
+                let _ = check_uri(before);
+                assert_eq!(check_uri(uri), alone, "{uri} after {before}");
+            }
+        }
+        // The shortcut is taken: the authority accepted is the last one.
+        check_uri("https://example.org/x").unwrap();
+        ACCEPTED_AUTHORITY.with_borrow(|a| assert_eq!(a, "https://example.org"));
     }
 
     #[test]
