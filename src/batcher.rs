@@ -80,10 +80,13 @@ pub fn render_notification(
     };
     // The internal channel of a channel's Change Dumps announces dumps with Change Dump
     // documents.
-    let mut body = if crate::dumps::source_of(channel).is_some() {
-        crate::dumps::render(config, channel, epoch, &changes)
+    let (mut body, entry_bounds) = if crate::dumps::source_of(channel).is_some() {
+        (
+            crate::dumps::render(config, channel, epoch, &changes),
+            Vec::new(),
+        )
     } else {
-        resourcesync::write_change_list(&header, &changes)
+        resourcesync::write_change_list_bounded(&header, &changes)
     };
     // The writer reserves a generous estimate; a kept notification counts its body's length
     // toward the recent budget, so it must not hold more than that. (glibc shrinks a block
@@ -96,6 +99,7 @@ pub fn render_notification(
         last,
         changes,
         body,
+        entry_bounds,
         accepted_at: None,
     }
 }
@@ -536,6 +540,7 @@ mod tests {
             last,
             changes: Vec::new(),
             body: Bytes::from(vec![b'x'; body_bytes]),
+            entry_bounds: Vec::new(),
             accepted_at: None,
         }
     }

@@ -181,6 +181,7 @@ mod tests {
             last: first,
             changes: Vec::new(),
             body: bytes::Bytes::from(vec![b'x'; 1000]),
+            entry_bounds: Vec::new(),
             accepted_at: None,
         }
     }

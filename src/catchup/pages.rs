@@ -110,6 +110,50 @@ impl Block {
         })
     }
 
+    /// The block of changes `parts` of notifications (each a range of indices into a
+    /// notification's changes), its entries copied from their bodies rather than rendered
+    /// again; `None` unless each body has the bounds of its entries and the seqs follow each
+    /// other (across parts too) and there is at least one.
+    pub fn copy_parts(parts: &[(&Notification, Range<usize>)]) -> Option<Block> {
+        let mut size = 0;
+        for (n, range) in parts {
+            let bounds = n.entry_bounds.get(range.start..=range.end)?;
+            size += (bounds[bounds.len() - 1] - bounds[0]) as usize;
+        }
+        let first = parts
+            .iter()
+            .find_map(|(n, range)| n.changes.get(range.clone())?.first())?
+            .seq;
+        let consecutive = parts
+            .iter()
+            .flat_map(|(n, range)| &n.changes[range.clone()])
+            .enumerate()
+            .all(|(i, c)| c.seq == first + i as u64);
+        if !consecutive {
+            return None;
+        }
+        let mut entries = RenderedEntries {
+            bytes: Vec::with_capacity(size),
+            ends: Vec::new(),
+        };
+        let mut datetimes = Vec::new();
+        for (n, range) in parts {
+            let bounds = &n.entry_bounds[range.start..=range.end];
+            let (start, end) = (bounds[0] as usize, bounds[bounds.len() - 1] as usize);
+            let base = entries.bytes.len();
+            entries.bytes.extend_from_slice(n.body.get(start..end)?);
+            entries
+                .ends
+                .extend(bounds[1..].iter().map(|e| base + *e as usize - start));
+            datetimes.extend(n.changes[range.clone()].iter().map(|c| c.datetime));
+        }
+        Some(Block {
+            first,
+            entries,
+            datetimes,
+        })
+    }
+
     /// The seq of the last entry.
     pub fn last(&self) -> u64 {
         self.first + self.datetimes.len() as u64 - 1
@@ -460,17 +504,22 @@ impl PageCache {
             let held = self.backlog.hold(parts.iter().map(|m| m.memory()).sum());
             tokio::task::spawn_blocking(move || {
                 let _held = held;
-                let slices: Vec<&[Change]> = parts
+                let ranges: Vec<(&Notification, Range<usize>)> = parts
                     .iter()
                     .map(|m| {
                         let from = m.changes.partition_point(|c| c.seq < first);
                         let to = m.changes.partition_point(|c| c.seq <= last);
-                        &m.changes[from..to]
+                        (&**m, from..to)
                     })
                     .collect();
+                // Copied from the bodies when they say where their entries are.
+                let block = Block::copy_parts(&ranges).or_else(|| {
+                    let slices: Vec<&[Change]> =
+                        ranges.iter().map(|(m, r)| &m.changes[r.clone()]).collect();
+                    Block::render_parts(&slices)
+                });
                 // Not complete: a gap between the notifications (left to its first miss).
-                let Some(block) = Block::render_parts(&slices).filter(|b| b.is_complete(number))
-                else {
+                let Some(block) = block.filter(|b| b.is_complete(number)) else {
                     return;
                 };
                 if let Err(e) = files.write(&key, &block) {
@@ -1051,6 +1100,7 @@ mod tests {
                 last: first + BLOCK - 1,
                 changes: changes(first, BLOCK),
                 body: Default::default(),
+                entry_bounds: Vec::new(),
                 accepted_at: None,
             })
         };
@@ -1121,6 +1171,63 @@ mod tests {
         assert_eq!(parts.entries.bytes, whole.entries.bytes);
         assert_eq!(parts.entries.ends, whole.entries.ends);
         assert_eq!(parts.datetimes, whole.datetimes);
+    }
+
+    /// A notification rendered as the batcher renders it, with the bounds of its entries.
+    fn rendered(changes: Vec<Change>) -> Notification {
+        let header = resourcesync::ChangeListHeader {
+            from: changes.first().map(|c| c.datetime),
+            until: changes.last().map(|c| c.datetime),
+            epoch: Some("e".into()),
+            ..Default::default()
+        };
+        let (body, entry_bounds) = resourcesync::write_change_list_bounded(&header, &changes);
+        Notification {
+            channel: "c".into(),
+            first: changes.first().map_or(0, |c| c.seq),
+            last: changes.last().map_or(0, |c| c.seq),
+            changes,
+            body: body.into(),
+            entry_bounds,
+            accepted_at: None,
+        }
+    }
+
+    /// A block copied from the bodies of the notifications that hold its changes is the block
+    /// rendered from the changes, byte for byte; without the bounds of their entries, nothing
+    /// is copied.
+    #[test]
+    fn a_block_copied_from_notifications_is_the_block_rendered() {
+        let mut all = changes(1, BLOCK + 300);
+        all[5].loc = "http://example.com/a?b=1&c=<d>\"e\"".into();
+        all[6].links = vec![crate::model::Link {
+            rel: "alternate".into(),
+            href: "http://example.com/x&y".into(),
+            attrs: [("type".to_string(), "text/html".to_string())].into(),
+        }];
+        all[7].hash = Some("md5:1e0d5cb8ef6ba40c99b14c0237be735e".into());
+        let (one, two, three) = (
+            rendered(all[..1].to_vec()),
+            rendered(all[1..600].to_vec()),
+            rendered(all[600..].to_vec()),
+        );
+        let whole = Block::render(&all[..BLOCK as usize]).unwrap();
+        let copied = Block::copy_parts(&[(&one, 0..1), (&two, 0..599), (&three, 0..400)]).unwrap();
+        assert_eq!(copied.first, 1);
+        assert_eq!(copied.entries.bytes, whole.entries.bytes);
+        assert_eq!(copied.entries.ends, whole.entries.ends);
+        assert_eq!(copied.datetimes, whole.datetimes);
+        // A part from the middle of a notification.
+        let middle = Block::copy_parts(&[(&two, 99..599), (&three, 0..10)]).unwrap();
+        let rendered_middle = Block::render(&all[100..610]).unwrap();
+        assert_eq!(middle.first, 101);
+        assert_eq!(middle.entries.bytes, rendered_middle.entries.bytes);
+        assert_eq!(middle.entries.ends, rendered_middle.entries.ends);
+        // A gap, or a body without bounds: not copied.
+        assert!(Block::copy_parts(&[(&one, 0..1), (&three, 0..10)]).is_none());
+        let mut bare = rendered(all[..1].to_vec());
+        bare.entry_bounds = Vec::new();
+        assert!(Block::copy_parts(&[(&bare, 0..1), (&two, 0..599)]).is_none());
     }
 
     /// The entries of a block a page takes: the bytes of those entries, shared with the
@@ -1391,16 +1498,9 @@ mod tests {
     async fn a_block_is_written_when_a_notification_completes_it() {
         let cache = PageCache::with_files(0, PageFiles::temporary(FILES_BYTES).unwrap());
         let files = cache.files.clone().unwrap();
-        let notification = |first: u64, last: u64| {
-            Arc::new(Notification {
-                channel: "c".into(),
-                first,
-                last,
-                changes: changes(first, last - first + 1),
-                body: Default::default(),
-                accepted_at: None,
-            })
-        };
+        // Rendered as the batcher renders them: blocks are copied from their bodies.
+        let notification =
+            |first: u64, last: u64| Arc::new(rendered(changes(first, last - first + 1)));
         // 1..=1500 in three notifications: block 0 is complete with the second.
         let recent = [
             notification(1, 600),

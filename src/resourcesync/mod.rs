@@ -61,8 +61,9 @@ pub use parse::{parse_change_list, parse_document};
 pub use write::{
     write_capability_list, write_change_dump, write_change_dump_index, write_change_dump_manifest,
     write_change_entries, write_change_list, write_change_list_archive,
-    write_change_list_archive_index, write_change_list_index, write_change_list_pieces,
-    write_resource_list, write_resource_list_index, write_source_description, RenderedEntries,
+    write_change_list_archive_index, write_change_list_bounded, write_change_list_index,
+    write_change_list_pieces, write_resource_list, write_resource_list_index,
+    write_source_description, RenderedEntries,
 };
 
 /// The Sitemap namespace (`<urlset>`, `<sitemapindex>`, `<url>`, `<loc>`, `<lastmod>` …).

@@ -329,6 +329,14 @@ fn change_lists_from_rendered_entries_are_the_same_bytes() {
     }
     let one = super::write_change_entries(&changes[1..2]);
     assert_eq!(entries.slice(1..2), &one.bytes[..]);
+    // The same document with the bounds of its entries: each the rendered entry.
+    let (document, bounds) = super::write_change_list_bounded(&header, &changes);
+    assert_eq!(document, write_change_list(&header, &changes));
+    assert_eq!(bounds.len(), changes.len() + 1);
+    for i in 0..changes.len() {
+        let (start, end) = (bounds[i] as usize, bounds[i + 1] as usize);
+        assert_eq!(&document[start..end], entries.slice(i..i + 1), "entry {i}");
+    }
 }
 
 #[test]

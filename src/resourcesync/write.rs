@@ -32,14 +32,46 @@ const XML_DECL: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
 /// `datetime`), `<rs:md change datetime [hash] [length] [type] ch:seq/>` and one `<rs:ln>` per
 /// link (`rel`, `href`, then the link's other attributes in name order).
 pub fn write_change_list(header: &ChangeListHeader, changes: &[Change]) -> Vec<u8> {
+    change_list(header, changes, None)
+}
+
+/// [`write_change_list`], with where its `<url>` entries are: entry `i` is
+/// `bounds[i]..bounds[i + 1]` of the document, the same bytes [`write_change_entries`]
+/// renders for the change. No bounds (empty) for a document of 4 GiB or more.
+pub fn write_change_list_bounded(
+    header: &ChangeListHeader,
+    changes: &[Change],
+) -> (Vec<u8>, Vec<u32>) {
+    let mut bounds = Vec::with_capacity(changes.len() + 1);
+    let document = change_list(header, changes, Some(&mut bounds));
+    if u32::try_from(document.len()).is_err() {
+        bounds = Vec::new();
+    }
+    (document, bounds)
+}
+
+/// See [`write_change_list_bounded`]: `bounds`, when given, gets where each entry starts, and
+/// where the last ends (offsets past `u32::MAX` are cut: the caller drops them).
+fn change_list(
+    header: &ChangeListHeader,
+    changes: &[Change],
+    mut bounds: Option<&mut Vec<u32>>,
+) -> Vec<u8> {
     let estimate: usize = changes.iter().map(estimate_change).sum();
     let mut out = Out::with_capacity(512 + header_size(header) + estimate);
     out.open_root("urlset", true);
     let from = header.from.or_else(|| changes.first().map(|c| c.datetime));
     out.header_md("changelist", from, header);
     out.doc_links(&header.links);
+    let mut bound = |out: &Out| {
+        if let Some(bounds) = bounds.as_deref_mut() {
+            bounds.push(out.buf.len() as u32);
+        }
+    };
+    bound(&out);
     for change in changes {
         out.change(change);
+        bound(&out);
     }
     out.raw("</urlset>\n");
     out.buf
