@@ -13,9 +13,10 @@
 //!   files, one per [`SEGMENT`] consecutive block numbers of a channel and epoch (a file
 //!   created per block cost more than the write of its bytes), each block at a place reserved
 //!   at the end of its segment. A block is written when it is rendered, and as soon as a
-//!   channel's feed publishes the notification that completes it (rendered from the
-//!   notifications still in the feed's recent cache, so no store read; a block they do not
-//!   cover is written on its first miss). The notifications held by blocks waiting to be
+//!   channel's feed publishes the notification that completes it (its entries copied from
+//!   the bodies of the notifications still in the feed's recent cache, which keep where each
+//!   entry is, so no store read and no second rendering; a block they do not cover is
+//!   written on its first miss). The notifications held by blocks waiting to be
 //!   written count toward a bound (`Backlog`); past it, a block completed meanwhile is also
 //!   left to its first miss: writes that fall behind (a slow disk, a hub short of CPU)
 //!   neither fill memory nor hold publishing back. The bound on disk drops whole segments,
