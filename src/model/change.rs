@@ -455,9 +455,26 @@ fn in_utc(dt: OffsetDateTime, text: &str) -> Result<OffsetDateTime, String> {
 
 /// Formats a datetime the way every document of the hub writes it: RFC 3339 in UTC with `Z`.
 pub fn format_datetime(dt: OffsetDateTime) -> String {
-    dt.to_offset(UtcOffset::UTC)
-        .format(&Rfc3339)
-        .unwrap_or_else(|_| String::from("1970-01-01T00:00:00Z"))
+    let mut out = Vec::with_capacity(32);
+    write_datetime(dt, &mut out);
+    // Only ASCII is written.
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// Appends [`format_datetime`]'s text to `out`, without a `String` of its own (a document
+/// writes several per change).
+pub fn write_datetime(dt: OffsetDateTime, out: &mut Vec<u8>) {
+    /// Written for a datetime RFC 3339 cannot hold (a year before 0 or past 9999 in UTC).
+    const FALLBACK: &[u8] = b"1970-01-01T00:00:00Z";
+    let start = out.len();
+    if dt
+        .to_offset(UtcOffset::UTC)
+        .format_into(out, &Rfc3339)
+        .is_err()
+    {
+        out.truncate(start);
+        out.extend_from_slice(FALLBACK);
+    }
 }
 
 #[cfg(test)]
@@ -477,6 +494,35 @@ mod tests {
         let last = parse_w3c_datetime("9999-12-31T23:59:59+23:59").unwrap();
         assert_eq!(last.year(), 9999);
         assert_eq!(format_datetime(last), "9999-12-31T00:00:59Z");
+    }
+
+    /// A datetime written into a document's buffer is the text `format_datetime` gives,
+    /// after what the buffer held; one RFC 3339 cannot hold is the fallback, with nothing of
+    /// a failed attempt left before it.
+    #[test]
+    fn datetimes_written_into_a_buffer_are_their_text() {
+        // Before year 0: RFC 3339 has no such year.
+        let beyond = Date::from_calendar_date(-1, Month::January, 1)
+            .unwrap()
+            .midnight()
+            .assume_utc();
+        for dt in [
+            OffsetDateTime::UNIX_EPOCH,
+            parse_w3c_datetime("2013-01-03T09:00:00.123456789+01:30").unwrap(),
+            parse_w3c_datetime("0001-02-03T04:05:06Z").unwrap(),
+            beyond,
+        ] {
+            let mut out = b"<lastmod>".to_vec();
+            write_datetime(dt, &mut out);
+            let text = format_datetime(dt);
+            assert_eq!(&out[..9], b"<lastmod>");
+            assert_eq!(std::str::from_utf8(&out[9..]).unwrap(), text);
+        }
+        assert_eq!(format_datetime(beyond), "1970-01-01T00:00:00Z");
+        assert_eq!(
+            format_datetime(parse_w3c_datetime("2013-01-03T09:00:00.5+01:30").unwrap()),
+            "2013-01-03T07:30:00.5Z"
+        );
     }
 
     fn new(loc: &str) -> NewChange {

@@ -20,8 +20,8 @@ pub mod signature;
 pub mod subscription;
 
 pub use change::{
-    format_datetime, parse_w3c_datetime, Change, ChangeType, Link, NewChange, ValidationError,
-    MAX_ATTR_LEN, MAX_LINKS, MAX_URI_LEN,
+    format_datetime, parse_w3c_datetime, write_datetime, Change, ChangeType, Link, NewChange,
+    ValidationError, MAX_ATTR_LEN, MAX_LINKS, MAX_URI_LEN,
 };
 pub use channel::{
     valid_channel_name, ChannelSpec, DumpSettings, Lists, Publisher, Retention, DEFAULT_LIST_SIZE,

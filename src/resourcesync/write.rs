@@ -21,7 +21,7 @@ use super::{
     Capability, ChangeListHeader, DocLink, DumpEntry, IndexEntry, ManifestEntry,
     ResourceListHeader, HUB_NS, RS_NS, SITEMAP_NS,
 };
-use crate::model::{format_datetime, Change, Link};
+use crate::model::{format_datetime, write_datetime, Change, Link};
 
 const XML_DECL: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
 
@@ -470,8 +470,8 @@ impl Out {
         self.raw(" ");
         self.raw(name);
         self.raw("=\"");
-        // format_datetime only produces digits, '-', ':', 'T', '.', 'Z': nothing to escape.
-        self.raw(&format_datetime(dt));
+        // A datetime is only digits, '-', ':', 'T', '.', 'Z': nothing to escape.
+        write_datetime(dt, &mut self.buf);
         self.raw("\"");
     }
 
@@ -553,7 +553,7 @@ impl Out {
         self.raw("  <url>\n    <loc>");
         self.text(&c.loc);
         self.raw("</loc>\n    <lastmod>");
-        self.raw(&format_datetime(c.lastmod.unwrap_or(c.datetime)));
+        write_datetime(c.lastmod.unwrap_or(c.datetime), &mut self.buf);
         self.raw("</lastmod>\n    <rs:md");
         if as_change {
             self.attr("change", c.change.as_str());
