@@ -83,15 +83,7 @@ impl Block {
     /// Renders the changes of `parts` in order, as one block; `None` unless their seqs follow
     /// each other (across parts too) and there is at least one.
     pub fn render_parts(parts: &[&[Change]]) -> Option<Block> {
-        let first = parts.iter().find_map(|p| p.first())?.seq;
-        let consecutive = parts
-            .iter()
-            .flat_map(|p| p.iter())
-            .enumerate()
-            .all(|(i, c)| c.seq == first + i as u64);
-        if !consecutive {
-            return None;
-        }
+        let first = consecutive(parts.iter().flat_map(|p| p.iter()))?;
         let mut entries = RenderedEntries {
             bytes: Vec::new(),
             ends: Vec::new(),
@@ -118,21 +110,15 @@ impl Block {
     pub fn copy_parts(parts: &[(&Notification, Range<usize>)]) -> Option<Block> {
         let mut size = 0;
         for (n, range) in parts {
+            n.changes.get(range.clone())?;
             let bounds = n.entry_bounds.get(range.start..=range.end)?;
             size += (bounds[bounds.len() - 1] - bounds[0]) as usize;
         }
-        let first = parts
-            .iter()
-            .find_map(|(n, range)| n.changes.get(range.clone())?.first())?
-            .seq;
-        let consecutive = parts
-            .iter()
-            .flat_map(|(n, range)| &n.changes[range.clone()])
-            .enumerate()
-            .all(|(i, c)| c.seq == first + i as u64);
-        if !consecutive {
-            return None;
-        }
+        let first = consecutive(
+            parts
+                .iter()
+                .flat_map(|(n, range)| &n.changes[range.clone()]),
+        )?;
         let mut entries = RenderedEntries {
             bytes: Vec::with_capacity(size),
             ends: Vec::new(),
@@ -187,6 +173,16 @@ impl Block {
     fn bytes(&self) -> usize {
         self.entries.bytes.len() + self.entries.ends.len() * 8 + self.datetimes.len() * 16
     }
+}
+
+/// The seq of the first of `changes` when their seqs follow each other; `None` when they do
+/// not, or there are none.
+fn consecutive<'a>(changes: impl Iterator<Item = &'a Change> + Clone) -> Option<u64> {
+    let first = changes.clone().next()?.seq;
+    changes
+        .enumerate()
+        .all(|(i, c)| c.seq == first + i as u64)
+        .then_some(first)
 }
 
 /// A block's rendered bytes as the owner of [`Bytes`] that share them.
@@ -1086,6 +1082,13 @@ mod tests {
         Key::new("c", "e", block)
     }
 
+    /// The bytes block 0 of [`block`] takes in a file.
+    fn block_size_on_disk() -> u64 {
+        let probe = PageFiles::temporary(FILES_BYTES).unwrap();
+        probe.write(&key(0), &block(1, BLOCK)).unwrap();
+        probe.size(&key(0)).unwrap()
+    }
+
     fn memory_bytes(cache: &PageCache) -> u64 {
         lock(&cache.memory).bytes
     }
@@ -1355,9 +1358,7 @@ mod tests {
 
     #[test]
     fn block_files_are_bounded_the_least_recently_used_removed() {
-        let probe = PageFiles::temporary(FILES_BYTES).unwrap();
-        probe.write(&key(0), &block(1, BLOCK)).unwrap();
-        let size = probe.size(&key(0)).unwrap();
+        let size = block_size_on_disk();
         let files = PageFiles::temporary(size * 2 + size / 2)
             .unwrap()
             .with_segment(1);
@@ -1390,9 +1391,7 @@ mod tests {
     /// least recently, with all its blocks and its file.
     #[test]
     fn blocks_share_segment_files_and_leave_with_them() {
-        let probe = PageFiles::temporary(FILES_BYTES).unwrap();
-        probe.write(&key(0), &block(1, BLOCK)).unwrap();
-        let size = probe.size(&key(0)).unwrap();
+        let size = block_size_on_disk();
         let files = PageFiles::temporary(size * 8 + size / 2)
             .unwrap()
             .with_segment(4);
@@ -1445,9 +1444,7 @@ mod tests {
     /// leave the segment's file behind.
     #[test]
     fn a_segment_dropped_while_written_leaves_no_file() {
-        let probe = PageFiles::temporary(FILES_BYTES).unwrap();
-        probe.write(&key(0), &block(1, BLOCK)).unwrap();
-        let size = probe.size(&key(0)).unwrap();
+        let size = block_size_on_disk();
         let files = PageFiles::temporary(size + size / 2)
             .unwrap()
             .with_segment(1);

@@ -322,7 +322,8 @@ fn check_uri(uri: &str) -> Result<(), String> {
         ACCEPTED_AUTHORITY.with_borrow(|accepted| !accepted.is_empty() && *accepted == uri[..end])
     });
     if known {
-        return check_uri_text(uri);
+        check_uri_length(uri)?;
+        return check_uri_characters(uri);
     }
     check_uri_fully(uri)?;
     if let Some(end) = end {
@@ -334,11 +335,16 @@ fn check_uri(uri: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// The checks of [`check_uri_fully`] that look at the text as a whole, in its order.
-fn check_uri_text(uri: &str) -> Result<(), String> {
+/// The first check of [`check_uri_fully`].
+fn check_uri_length(uri: &str) -> Result<(), String> {
     if uri.chars().count() > MAX_URI_LEN {
         return Err(format!("longer than {MAX_URI_LEN} characters"));
     }
+    Ok(())
+}
+
+/// The last check of [`check_uri_fully`].
+fn check_uri_characters(uri: &str) -> Result<(), String> {
     if uri.chars().any(|c| c.is_control() || c.is_whitespace()) {
         return Err("contains whitespace or control characters".into());
     }
@@ -346,9 +352,7 @@ fn check_uri_text(uri: &str) -> Result<(), String> {
 }
 
 fn check_uri_fully(uri: &str) -> Result<(), String> {
-    if uri.chars().count() > MAX_URI_LEN {
-        return Err(format!("longer than {MAX_URI_LEN} characters"));
-    }
+    check_uri_length(uri)?;
     let parsed = url::Url::parse(uri).map_err(|e| format!("not an absolute URI ({e})"))?;
     if parsed.scheme() != "http" && parsed.scheme() != "https" {
         return Err("must be an http or https URI".into());
@@ -362,10 +366,7 @@ fn check_uri_fully(uri: &str) -> Result<(), String> {
     if parsed.host().is_none() || host.is_empty() || host.starts_with(':') {
         return Err("has no host".into());
     }
-    if uri.chars().any(|c| c.is_control() || c.is_whitespace()) {
-        return Err("contains whitespace or control characters".into());
-    }
-    Ok(())
+    check_uri_characters(uri)
 }
 
 fn check_text(s: &str) -> Result<(), String> {
