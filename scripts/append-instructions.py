@@ -106,7 +106,7 @@ def main():
             for loc in locs
         ]
         args = ["EVALSHA", sha, len(keys), *keys, 86400, "changehub:events", "bench", 1,
-                "", "", 1_700_000_000, len(entries), *entries, *locs]
+                "", "", 1_700_000_000, len(entries), "1", *entries, *locs]
 
         def append():
             answer = call(*args)
@@ -132,7 +132,7 @@ def main():
                 if line.startswith(("summary:", "totals:")):
                     total = max(total, int(line.split()[1]))
     print(f"{total / opts.calls / 1e6:.1f}M instructions per call of 1,000 changes "
-          f"(the first item afterwards: {item.decode()!r})")
+          f"(the first item afterwards: {(item or b'').decode()!r})")
 
 
 if __name__ == "__main__":

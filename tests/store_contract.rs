@@ -167,6 +167,35 @@ pub async fn datetimes_never_go_backwards(e: &dyn Engine) {
         s.read("c", 3, 1).await.unwrap()[0].datetime,
         at("2030-01-01T00:00:00Z")
     );
+    // Datetimes in order, from the latest on, are kept as they are; the channel's latest is
+    // then the last of them, not the first.
+    let mut ordered = changes("ordered", 3);
+    for (c, t) in ordered
+        .iter_mut()
+        .zip(["2031-01-01", "2031-01-01", "2032-01-01"])
+    {
+        c.datetime = Some(at(&format!("{t}T00:00:00Z")));
+    }
+    s.append("c", ordered, None, at("2024-06-01T00:00:00Z"))
+        .await
+        .unwrap();
+    let mut between = change("between");
+    between.datetime = Some(at("2031-06-01T00:00:00Z"));
+    s.append("c", vec![between], None, at("2024-06-01T00:00:00Z"))
+        .await
+        .unwrap();
+    let datetimes: Vec<_> = s
+        .read("c", 4, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| c.datetime)
+        .collect();
+    assert_eq!(
+        datetimes,
+        ["2031-01-01", "2031-01-01", "2032-01-01", "2032-01-01"]
+            .map(|t| at(&format!("{t}T00:00:00Z")))
+    );
 }
 
 pub async fn idempotency_keys_replay_and_conflict(e: &dyn Engine) {

@@ -200,6 +200,9 @@ pub(super) struct Request {
     entries: Vec<u8>,
     ends: Vec<usize>,
     locs: Vec<String>,
+    /// Whether the entries' datetime keys never go down from one to the next: the append
+    /// script then raises none of them when the first is not below the channel's latest.
+    ordered: bool,
 }
 
 impl Request {
@@ -224,8 +227,16 @@ impl Request {
         let mut entries = Vec::with_capacity(size);
         let mut ends = Vec::with_capacity(changes.len());
         let mut locs = Vec::with_capacity(changes.len());
+        let mut ordered = true;
+        // Where the entry before this one starts (its datetime key).
+        let mut previous: Option<usize> = None;
         for change in changes {
+            let start = entries.len();
             write_datetime_key(change.datetime.unwrap_or(now), &mut entries);
+            if let Some(p) = previous {
+                ordered &= entries[p..p + DT_KEY_LEN] <= entries[start..start + DT_KEY_LEN];
+            }
+            previous = Some(start);
             serde_json::to_writer(&mut entries, &Stored::from(&change))
                 .map_err(|e| StoreError::Corrupt(e.to_string()))?;
             ends.push(entries.len());
@@ -237,6 +248,7 @@ impl Request {
             entries,
             ends,
             locs,
+            ordered,
         })
     }
 
@@ -283,7 +295,7 @@ pub(super) fn append_call(script: &Script, channel: &str, requests: &[&Request])
     ];
     let changes: usize = requests.iter().map(|r| r.len()).sum();
     let bytes: usize = requests.iter().map(|r| r.size()).sum();
-    let args = 3 + KEYS.len() + 4 + 4 * requests.len() + 2 * changes;
+    let args = 3 + KEYS.len() + 4 + 5 * requests.len() + 2 * changes;
     // Room for the entries and locs, the keys, and the short arguments (numbers, the hash).
     let mut cmd = Cmd::with_capacity(args, bytes + 64 * KEYS.len() + 64 + 32 * requests.len());
     cmd.arg("EVALSHA").arg(script.get_hash()).arg(KEYS.len());
@@ -299,7 +311,9 @@ pub(super) fn append_call(script: &Script, channel: &str, requests: &[&Request])
             Some(k) => cmd.arg(&k.key).arg(&k.fingerprint),
             None => cmd.arg("").arg(""),
         };
-        cmd.arg(request.now).arg(request.len());
+        cmd.arg(request.now)
+            .arg(request.len())
+            .arg(if request.ordered { "1" } else { "0" });
     }
     for request in requests {
         for entry in request.entries() {
@@ -608,6 +622,40 @@ mod tests {
                 "http://example.com/c"
             ]
         );
+    }
+
+    #[test]
+    fn a_request_knows_whether_its_datetimes_never_go_down() {
+        let t = |s: &str| crate::model::parse_w3c_datetime(s).unwrap();
+        let now = t("2024-01-01T00:00:00Z");
+        let request = |datetimes: &[Option<&str>]| {
+            let changes = datetimes
+                .iter()
+                .map(|d| NewChange {
+                    datetime: d.map(t),
+                    ..NewChange::new("http://example.com/a", ChangeType::Updated)
+                })
+                .collect();
+            Request::new(changes, None, now).unwrap().ordered
+        };
+        assert!(request(&[]));
+        assert!(request(&[None, None, None]), "all at the request's time");
+        assert!(request(&[
+            Some("2023-01-01T00:00:00Z"),
+            None,
+            Some("2024-01-01T00:00:00Z")
+        ]));
+        assert!(!request(&[None, Some("2023-12-31T23:59:59.999999999Z")]));
+        assert!(!request(&[Some("2024-01-02T00:00:00Z"), None]));
+        // Before 1970 too (the keys are biased, never negative).
+        assert!(request(&[
+            Some("1900-01-01T00:00:00Z"),
+            Some("1969-12-31T23:59:59Z")
+        ]));
+        assert!(!request(&[
+            Some("1969-12-31T23:59:59Z"),
+            Some("1900-01-01T00:00:00Z")
+        ]));
     }
 
     #[test]

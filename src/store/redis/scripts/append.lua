@@ -3,9 +3,10 @@
 -- KEYS: log, meta, idem, idem-at, res (loc -> entry), res-seq (loc by seq), sx (loc -> FeedSync
 --       item), sx-conflicts (locs whose items carry conflicts); runs after feedsync.lua
 -- ARGV: ttl of idempotency keys (s), events channel, channel name, R (number of requests),
---       then per request: its idempotency key ('' for none), fingerprint, now (unix s) and
---       number of changes; then one entry per change of every request, in order (its
---       datetime key, 23 digits, then its JSON), then the loc of each, in the same order
+--       then per request: its idempotency key ('' for none), fingerprint, now (unix s),
+--       number of changes, and '1' when its entries' datetime keys never go down from one
+--       to the next ('0' otherwise); then one entry per change of every request, in order
+--       (its datetime key, 23 digits, then its JSON), then the loc of each, in the same order
 -- Returns 4 numbers per request, in order: status (0 appended, 1 replayed: the key was seen
 -- with the same fingerprint, 2 conflict: with another one), accepted, first and last seq.
 -- The changes of the call go into the log CHUNK at a time, one stream entry per chunk (see
@@ -15,9 +16,9 @@
 local ttl = tonumber(ARGV[1])
 local r = tonumber(ARGV[4])
 local total = 0
-for j = 0, r - 1 do total = total + tonumber(ARGV[8 + 4 * j]) end
+for j = 0, r - 1 do total = total + tonumber(ARGV[8 + 5 * j]) end
 -- ARGV[entry0 + i] is the i-th entry of the call (from 1), ARGV[loc0 + i] its loc.
-local entry0 = 4 + 4 * r
+local entry0 = 4 + 5 * r
 local loc0 = entry0 + total
 local meta = redis.call('HMGET', KEYS[2], 'last', 'dt')
 local before = tonumber(meta[1] or '0')
@@ -65,21 +66,30 @@ end
 local out = {}
 local done = 0 -- changes of the requests before this one
 for j = 0, r - 1 do
-  local key, fp = ARGV[5 + 4 * j], ARGV[6 + 4 * j]
-  local now, n = tonumber(ARGV[7 + 4 * j]), tonumber(ARGV[8 + 4 * j])
+  local key, fp = ARGV[5 + 5 * j], ARGV[6 + 5 * j]
+  local now, n = tonumber(ARGV[7 + 5 * j]), tonumber(ARGV[8 + 5 * j])
   local outcome = seen(key, fp, now)
   if outcome == nil then
     local first = last + 1
+    -- A change's datetime never goes below the channel's latest: it is raised to it. A
+    -- request whose datetimes never go down and whose first is not below the latest has
+    -- nothing to raise, and its changes are not looked at one by one for it (the common
+    -- case: every change at the time of its request).
+    local ordered = n > 0 and ARGV[9 + 5 * j] == '1'
+      and sub(ARGV[entry0 + done + 1], 1, 23) >= latest
     for i = done + 1, done + n do
       local e = ARGV[entry0 + i]
       local loc = ARGV[loc0 + i]
-      local d = sub(e, 1, 23)
-      if d < latest then
-        d = latest
-        e = latest .. sub(e, 24)
+      if not ordered then
+        local d = sub(e, 1, 23)
+        if d < latest then
+          d = latest
+          e = latest .. sub(e, 24)
+        end
+        latest = d
       end
       last = last + 1
-      e = sx_record(res_key, loc, e, d)
+      e = sx_record(res_key, loc, e)
       -- The index's score is the seq; a chunk's entry id is its first seq (XADD makes it SEQ-0).
       local id = format('%d', last)
       if chunked == 0 then chunk_id = id end
@@ -93,8 +103,8 @@ for j = 0, r - 1 do
       scores[pieced - 1] = id
       scores[pieced] = loc
       if pieced >= 1000 then flush_index() end
-      latest = d
     end
+    if ordered then latest = sub(ARGV[entry0 + done + n], 1, 23) end
     -- Recorded at once, so that a later request of this call with the same key sees it.
     if key ~= '' then
       redis.call('HSET', KEYS[3], key, string.format('%d %d %d %d ', now, first, last, n) .. fp)

@@ -16,7 +16,7 @@
 -- carried conflicts (it is then in `sx-conflicts`).
 local sx_items, sx_order, sx_merged, sx_had, sx_prev = {}, {}, {}, {}, {}
 -- Called for every change: kept in locals (a global is a table lookup each time).
-local find, sub = string.find, string.sub
+local find, sub, format = string.find, string.sub, string.format
 
 -- The item id of a loc: every byte that is not plain in an RFC 2141 NSS percent-encoded.
 local function sx_id(loc)
@@ -160,12 +160,11 @@ local function sx_expand(raw, loc, prev)
   return item
 end
 
--- Records change `e` (a log entry: a 23-digit datetime key, then the change's JSON, which
--- starts with loc and change and ends with source) of `loc`, whose final datetime key is `d`:
--- its item (read by sx_prefetch) is created or updated, or takes the merged state given for
+-- Records change `e` (a log entry: its final 23-digit datetime key, then the change's JSON,
+-- which starts with loc and change and ends with source) of `loc`: its item (read by sx_prefetch) is created or updated, or takes the merged state given for
 -- it. `res` is the resource index (the entry of a loc's latest change before this call).
 -- Returns the entry, with the item's number of conflicts added when there are any.
-local function sx_record(res, loc, e, d)
+local function sx_record(res, loc, e)
   local item, merged = sx_items[loc], sx_merged[loc]
   local by, suffix = sx_by(e)
   -- The common case first: the same publisher again on a counted item, or a new resource.
@@ -176,12 +175,16 @@ local function sx_record(res, loc, e, d)
     else
       local at = #item - #suffix + 1
       if at > 1 and find(item, suffix, at, true) == at then
-        local u = tonumber(sub(item, 1, at - 1))
-        if u then
+        -- Only digits, as sx_expand reads them (anything else is left to it). The digits
+        -- are made a number by arithmetic (tonumber converts twice) and written back with
+        -- '%d' (`..` on a number formats it as a float).
+        local digits = sub(item, 1, at - 1)
+        if not find(digits, '%D') then
           -- Its new entry replaces its old one (§3.2, then the compaction that keeps one
           -- entry per endpoint); updates and sequence stay equal.
-          if u < 2147483647 then u = u + 1 end
-          counted = u .. suffix
+          local u = digits + 0
+          if u < 2147483647 then u = u + 1 else u = 2147483647 end
+          counted = format('%d', u) .. suffix
         end
       end
     end
@@ -192,7 +195,7 @@ local function sx_record(res, loc, e, d)
     item = cjson.decode(merged)
   else
     -- Whole seconds since the epoch: the key is nanoseconds + 10^21.
-    local when = tonumber(string.sub(d, 1, 14)) - 1000000000000
+    local when = tonumber(string.sub(e, 1, 14)) - 1000000000000
     local deleted = sx_deleted(e, loc)
     if not item then
       item = {id = sx_id(loc), updates = 1, history = {{sequence = 1, when = when, by = by}}}

@@ -9,7 +9,7 @@ local base = #ARGV - 1 - 2 * m
 local args = {}
 for j = 1, base do args[j] = ARGV[j] end
 for j = 1, m do
-  local loc = args[8 + m + j]
+  local loc = args[9 + m + j]
   local seq = redis.call('ZSCORE', KEYS[6], loc)
   if tonumber(seq or '0') ~= tonumber(ARGV[base + 2 * j - 1]) then return {3, 0, 0, 0} end
   sx_merged[loc] = ARGV[base + 2 * j]
