@@ -11,10 +11,14 @@
 -- sx_record must compute what feedsync::record_local computes, and is checked against it by
 -- the store contract (tests/store_contract.rs).
 -- sx_items holds, per loc of the call, its item: a table, or a string (counted, or JSON as
--- stored; once recorded, only counted). sx_order lists the locs recorded, sx_prev holds the
--- entry of each one's latest change in this call. sx_had tells whether the stored item
--- carried conflicts (it is then in `sx-conflicts`).
-local sx_items, sx_order, sx_merged, sx_had, sx_prev = {}, {}, {}, {}, {}
+-- stored; once recorded, only counted). sx_order lists the locs recorded (sx_recorded of
+-- them), sx_prev holds the entry of each one's latest change in this call. sx_had tells
+-- whether the stored item carried conflicts (it is then in `sx-conflicts`), for the locs whose
+-- first change of the call did not find a counted item (read then); sx_table holds the locs
+-- whose item is a table now.
+-- Lists grow by their own counters, not by `#`: Lua 5.1 searches for a table's length.
+local sx_items, sx_order, sx_merged, sx_had, sx_prev, sx_table = {}, {}, {}, {}, {}, {}
+local sx_recorded = 0
 -- Called for every change: kept in locals (a global is a table lookup each time).
 local find, sub, format = string.find, string.sub, string.format
 
@@ -122,28 +126,24 @@ end
 -- pieces, before their changes are recorded: every loc recorded is in sx_items from then on
 -- (false: no item yet).
 local function sx_prefetch(key, first, n)
-  local piece = {}
+  local piece, pieced = {}, 0
   local function fetch()
-    local raws = redis.call('HMGET', key, unpack(piece))
-    for j = 1, #piece do
-      local loc, raw = piece[j], raws[j]
-      sx_items[loc] = raw
-      -- Only a JSON item can carry conflicts.
-      if raw and string.byte(raw, 1) == 123 then
-        sx_had[loc] = string.find(raw, '"conflicts":', 1, true) ~= nil
-      end
+    local raws = redis.call('HMGET', key, unpack(piece, 1, pieced))
+    for j = 1, pieced do
+      sx_items[piece[j]] = raws[j]
     end
-    piece = {}
+    pieced = 0
   end
   for i = first + 1, first + n do
     local loc = ARGV[i]
     if sx_items[loc] == nil then
       sx_items[loc] = false
-      piece[#piece + 1] = loc
-      if #piece >= 500 then fetch() end
+      pieced = pieced + 1
+      piece[pieced] = loc
+      if pieced >= 500 then fetch() end
     end
   end
-  if #piece > 0 then fetch() end
+  if pieced > 0 then fetch() end
 end
 
 -- The item that counted item `raw` of `loc` stands for, given `prev`, the entry of the loc's
@@ -166,7 +166,12 @@ end
 -- Returns the entry, with the item's number of conflicts added when there are any.
 local function sx_record(res, loc, e)
   local item, merged = sx_items[loc], sx_merged[loc]
-  local by, suffix = sx_by(e)
+  local by, suffix
+  if sx_last_tail and find(e, sx_last_tail, #e - #sx_last_tail + 1, true) then
+    by, suffix = sx_last_by, sx_last_suffix
+  else
+    by, suffix = sx_by(e)
+  end
   -- The common case first: the same publisher again on a counted item, or a new resource.
   local counted
   if by and not merged then
@@ -188,6 +193,10 @@ local function sx_record(res, loc, e)
         end
       end
     end
+  end
+  -- Only a JSON item can carry conflicts; a counted one carries none.
+  if not counted and sx_prev[loc] == nil and item and string.byte(item, 1) == 123 then
+    sx_had[loc] = find(item, '"conflicts":', 1, true) ~= nil
   end
   if counted then
     item = counted
@@ -217,11 +226,19 @@ local function sx_record(res, loc, e)
     end
   end
   sx_items[loc] = item
-  if sx_prev[loc] == nil then sx_order[#sx_order + 1] = loc end
+  if sx_prev[loc] == nil then
+    sx_recorded = sx_recorded + 1
+    sx_order[sx_recorded] = loc
+  end
   sx_prev[loc] = e
-  if not counted and type(item) == 'table' then
-    local n = item.conflicts and #item.conflicts or 0
-    if n > 0 then e = string.sub(e, 1, -2) .. ',"conflicts":' .. n .. '}' end
+  if not counted then
+    if type(item) == 'table' then
+      sx_table[loc] = true
+      local n = item.conflicts and #item.conflicts or 0
+      if n > 0 then e = string.sub(e, 1, -2) .. ',"conflicts":' .. n .. '}' end
+    else
+      sx_table[loc] = nil
+    end
   end
   return e
 end
@@ -229,26 +246,27 @@ end
 -- Writes every item recorded, and the conflicts set (score 0: in loc order), which changes
 -- only where an item gained or lost its conflicts.
 local function sx_flush(key, conflicts_key)
-  local pending = {}
-  for _, loc in ipairs(sx_order) do
+  local pending, n = {}, 0
+  for i = 1, sx_recorded do
+    local loc = sx_order[i]
     local item = sx_items[loc]
     local has = false
-    pending[#pending + 1] = loc
-    if type(item) == 'table' then
+    if sx_table[loc] then
       has = item.conflicts ~= nil
-      pending[#pending + 1] = cjson.encode(item)
-    else
-      pending[#pending + 1] = item
+      item = cjson.encode(item)
     end
+    pending[n + 1] = loc
+    pending[n + 2] = item
+    n = n + 2
     if has and not sx_had[loc] then
       redis.call('ZADD', conflicts_key, 0, loc)
     elseif sx_had[loc] and not has then
       redis.call('ZREM', conflicts_key, loc)
     end
-    if #pending >= 1000 then
-      redis.call('HSET', key, unpack(pending))
-      pending = {}
+    if n >= 1000 then
+      redis.call('HSET', key, unpack(pending, 1, n))
+      n = 0
     end
   end
-  if #pending > 0 then redis.call('HSET', key, unpack(pending)) end
+  if n > 0 then redis.call('HSET', key, unpack(pending, 1, n)) end
 end
