@@ -1121,6 +1121,41 @@ async fn check_items(s: &dyn Store, expected: &Items) {
     assert_eq!(s.sync_items("c", 7, 10).await.unwrap().items.len(), 1);
 }
 
+/// A publisher whose name holds characters that mean something in a pattern (Redis's script
+/// finds counted items with one) has its items updated like any other's.
+pub async fn feedsync_items_of_a_publisher_with_pattern_characters(e: &dyn Engine) {
+    let s = e.open();
+    let now = at("2024-01-01T00:00:00Z");
+    let who = "pub[lisher (a.k.a. *+-?^$%)";
+    let m = |kind, when| sent("m", kind, Some(who), when);
+    let script = [
+        m(ChangeType::Created, "2024-01-01T00:00:01Z"),
+        m(ChangeType::Updated, "2024-01-01T00:00:02Z"),
+        m(ChangeType::Updated, "2024-01-01T00:00:03Z"),
+        m(ChangeType::Deleted, "2024-01-01T00:00:04Z"),
+    ];
+    let mut expected = Items::default();
+    for new in &script {
+        record(&mut expected, new);
+    }
+    s.append("c", script[..2].to_vec(), None, now)
+        .await
+        .unwrap();
+    s.append("c", script[2..3].to_vec(), None, now)
+        .await
+        .unwrap();
+    s.append("c", script[3..].to_vec(), None, now)
+        .await
+        .unwrap();
+    let item = s
+        .sync_item("c", "http://example.com/m")
+        .await
+        .unwrap()
+        .expect("an item");
+    assert_eq!(item.sync, expected["http://example.com/m"]);
+    assert_eq!((item.sync.updates, item.sync.deleted), (4, true));
+}
+
 /// Within one append an item changes hands and back: each change sees the item the one before
 /// it left, whatever form the store keeps it in (on Redis, counted items are expanded from the
 /// change before them in the same call, or from the index).
@@ -1357,6 +1392,7 @@ macro_rules! contract_tests {
                 concurrent_appends_each_get_their_own_outcome,
                 feedsync_items_follow_every_change,
                 feedsync_items_change_endpoints_within_one_append,
+                feedsync_items_of_a_publisher_with_pattern_characters,
                 merges_are_appended_only_onto_what_they_read,
                 bridge_cursors_are_kept_per_channel_and_bridge,
             );

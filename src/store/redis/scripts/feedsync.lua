@@ -20,7 +20,7 @@
 local sx_items, sx_order, sx_merged, sx_had, sx_prev, sx_table = {}, {}, {}, {}, {}, {}
 local sx_recorded = 0
 -- Called for every change: kept in locals (a global is a table lookup each time).
-local find, sub, format = string.find, string.sub, string.format
+local find, format, match = string.find, string.format, string.match
 
 -- The item id of a loc: every byte that is not plain in an RFC 2141 NSS percent-encoded.
 local function sx_id(loc)
@@ -106,11 +106,12 @@ local function sx_deleted(e, loc)
 end
 
 -- The publisher of log entry `e`, from its last field `,"source":"NAME"}` (nil when it has
--- none), and the end of a counted item of that publisher (' NAME'). Every change of one
+-- none), and the end of a counted item of that publisher (' NAME'; sx_last_counted is the
+-- pattern of a counted item of the publisher last found, capturing its number). Every change of one
 -- request has the same publisher: after the first, a plain comparison of the entry's end with
 -- the last one found does (a call that appends several requests matches again where the
 -- publisher changes).
-local sx_last_by, sx_last_tail, sx_last_suffix
+local sx_last_by, sx_last_tail, sx_last_suffix, sx_last_counted
 local function sx_by(e)
   if sx_last_tail and find(e, sx_last_tail, #e - #sx_last_tail + 1, true) then
     return sx_last_by, sx_last_suffix
@@ -118,6 +119,7 @@ local function sx_by(e)
   local by = string.match(e, ',"source":"([^"\\]+)"}$')
   if by then
     sx_last_by, sx_last_tail, sx_last_suffix = by, ',"source":"' .. by .. '"}', ' ' .. by
+    sx_last_counted = '^(%d+) ' .. string.gsub(by, '%p', '%%%0') .. '$'
   end
   return by, sx_last_suffix
 end
@@ -178,19 +180,16 @@ local function sx_record(res, loc, e)
     if not item then
       counted = '1' .. suffix
     else
-      local at = #item - #suffix + 1
-      if at > 1 and find(item, suffix, at, true) == at then
-        -- Only digits, as sx_expand reads them (anything else is left to it). The digits
-        -- are made a number by arithmetic (tonumber converts twice) and written back with
-        -- '%d' (`..` on a number formats it as a float).
-        local digits = sub(item, 1, at - 1)
-        if not find(digits, '%D') then
-          -- Its new entry replaces its old one (§3.2, then the compaction that keeps one
-          -- entry per endpoint); updates and sequence stay equal.
-          local u = digits + 0
-          if u < 2147483647 then u = u + 1 else u = 2147483647 end
-          counted = format('%d', u) .. suffix
-        end
+      -- A counted item of this publisher: digits, as sx_expand reads them (anything else
+      -- is left to it), made a number by arithmetic (tonumber converts twice) and written
+      -- back with '%d' (`..` on a number formats it as a float).
+      local digits = not sx_table[loc] and match(item, sx_last_counted)
+      if digits then
+        -- Its new entry replaces its old one (§3.2, then the compaction that keeps one
+        -- entry per endpoint); updates and sequence stay equal.
+        local u = digits + 0
+        if u < 2147483647 then u = u + 1 else u = 2147483647 end
+        counted = format('%d', u) .. suffix
       end
     end
   end
