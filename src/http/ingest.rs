@@ -2,9 +2,9 @@
 //! checked before the body is read; the body is read up to `--max-body`; [`ingest::accept`]
 //! does the rest. 202 `{"accepted", "first", "last"}` once durable.
 
-use axum::body::Body;
+use axum::extract::Request;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
@@ -15,15 +15,17 @@ use crate::ingest::{self, Format, IngestError, MAX_IDEMPOTENCY_KEY};
 pub async fn post_changes(
     State(state): State<AppState>,
     Path(name): Path<String>,
-    headers: HeaderMap,
-    body: Body,
+    request: Request,
 ) -> Result<Response, ApiError> {
+    // The head by value, not a copy of its header map (the `HeaderMap` extractor clones it).
+    let (head, body) = request.into_parts();
+    let headers = &head.headers;
     let hosted = state
         .feeds
         .get(&name)
         .ok_or_else(|| ApiError::not_found(format!("no channel {name:?}")))?;
     let counters = hosted.feed.counters();
-    let source = ApiError::check_publisher(&headers, &hosted.spec)?;
+    let source = ApiError::check_publisher(headers, &hosted.spec)?;
 
     let content_type = headers
         .get(http::header::CONTENT_TYPE)
