@@ -10,9 +10,13 @@ then counts the instructions of CALLS more calls, each updating the items the on
 wrote, and prints the count per call.
 
     python3 scripts/append-instructions.py [SCRIPT_DIR] [--calls N] [--warm N] [--cpu]
+                                           [--requests R]
 
 SCRIPT_DIR defaults to src/store/redis/scripts: point it at a copy to weigh a variant.
 Needs valgrind (`apt-get install -y valgrind`) and redis-server. Takes about 10 s.
+
+With --requests R, each call holds R requests of one change each, all of one resource (as
+the group commit gathers figure 4b's one-change requests: about 22 per call on two CPUs).
 
 With --cpu, redis-server runs without valgrind and the script prints the CPU time Redis
 spent per call instead (from /proc, in clock ticks: give it 1,000 calls or more, and
@@ -73,6 +77,8 @@ def main():
     )
     parser.add_argument("--calls", type=int, default=4)
     parser.add_argument("--warm", type=int, default=2)
+    parser.add_argument("--requests", type=int, default=0,
+                        help="calls of this many one-change requests instead of one of 1,000")
     parser.add_argument("--cpu", action="store_true",
                         help="time Redis's CPU per call instead of counting instructions")
     opts = parser.parse_args()
@@ -119,8 +125,15 @@ def main():
             '"length":1234,"type":"text/plain","source":"bench"}' % loc
             for loc in locs
         ]
-        args = ["EVALSHA", sha, len(keys), *keys, 86400, "changehub:events", "bench", 1,
-                "", "", 1_700_000_000, len(entries), "1", *entries, *locs]
+        if opts.requests:
+            # R requests of one change each: key, fingerprint, now, 1 change, in order.
+            entries, locs = entries[:1] * opts.requests, locs[:1] * opts.requests
+            heads = ["", "", 1_700_000_000, 1, "1"] * opts.requests
+            args = ["EVALSHA", sha, len(keys), *keys, 86400, "changehub:events", "bench",
+                    opts.requests, *heads, *entries, *locs]
+        else:
+            args = ["EVALSHA", sha, len(keys), *keys, 86400, "changehub:events", "bench", 1,
+                    "", "", 1_700_000_000, len(entries), "1", *entries, *locs]
 
         def append():
             answer = call(*args)
@@ -144,8 +157,9 @@ def main():
     finally:
         server.terminate()
         server.wait()
+    what = f"{opts.requests} one-change requests" if opts.requests else "1,000 changes"
     if opts.cpu:
-        print(f"{spent / opts.calls * 1000:.2f} ms of Redis CPU per call of 1,000 changes "
+        print(f"{spent / opts.calls * 1000:.2f} ms of Redis CPU per call of {what} "
               f"(the first item afterwards: {(item or b'').decode()!r})")
         return
     total = 0
@@ -154,7 +168,7 @@ def main():
             for line in open(os.path.join(work, name)):
                 if line.startswith(("summary:", "totals:")):
                     total = max(total, int(line.split()[1]))
-    print(f"{total / opts.calls / 1e6:.1f}M instructions per call of 1,000 changes "
+    print(f"{total / opts.calls / 1e6:.2f}M instructions per call of {what} "
           f"(the first item afterwards: {(item or b'').decode()!r})")
 
 

@@ -16,7 +16,8 @@
 local ttl = tonumber(ARGV[1])
 local r = tonumber(ARGV[4])
 local total = 0
-for j = 0, r - 1 do total = total + tonumber(ARGV[8 + 5 * j]) end
+-- (Numbers are read by arithmetic: `tonumber` converts a string twice.)
+for j = 0, r - 1 do total = total + ARGV[8 + 5 * j] end
 -- ARGV[entry0 + i] is the i-th entry of the call (from 1), ARGV[loc0 + i] its loc.
 local entry0 = 4 + 5 * r
 local loc0 = entry0 + total
@@ -63,20 +64,25 @@ local function seen(key, fp, now)
   return {1, tonumber(accepted), tonumber(first), tonumber(last)}
 end
 
-local out = {}
+local out, answered = {}, 0
 local done = 0 -- changes of the requests before this one
 for j = 0, r - 1 do
   local key, fp = ARGV[5 + 5 * j], ARGV[6 + 5 * j]
-  local now, n = tonumber(ARGV[7 + 5 * j]), tonumber(ARGV[8 + 5 * j])
-  local outcome = seen(key, fp, now)
+  local n = ARGV[8 + 5 * j] + 0
+  -- Only an idempotency key needs the time.
+  local now, outcome
+  if key ~= '' then
+    now = ARGV[7 + 5 * j] + 0
+    outcome = seen(key, fp, now)
+  end
   if outcome == nil then
     local first = last + 1
     -- A change's datetime never goes below the channel's latest: it is raised to it. A
     -- request whose datetimes never go down and whose first is not below the latest has
     -- nothing to raise, and its changes are not looked at one by one for it (the common
     -- case: every change at the time of its request).
-    local ordered = n > 0 and ARGV[9 + 5 * j] == '1'
-      and sub(ARGV[entry0 + done + 1], 1, 23) >= latest
+    local first_key = n > 0 and ARGV[9 + 5 * j] == '1' and sub(ARGV[entry0 + done + 1], 1, 23)
+    local ordered = first_key and first_key >= latest
     for i = done + 1, done + n do
       local e = ARGV[entry0 + i]
       local loc = ARGV[loc0 + i]
@@ -104,15 +110,17 @@ for j = 0, r - 1 do
       scores[pieced] = loc
       if pieced >= 1000 then flush_index() end
     end
-    if ordered then latest = sub(ARGV[entry0 + done + n], 1, 23) end
+    if ordered then latest = n == 1 and first_key or sub(ARGV[entry0 + done + n], 1, 23) end
     -- Recorded at once, so that a later request of this call with the same key sees it.
     if key ~= '' then
       redis.call('HSET', KEYS[3], key, string.format('%d %d %d %d ', now, first, last, n) .. fp)
       redis.call('ZADD', KEYS[4], now, key)
     end
-    outcome = {0, n, first, last}
+    out[answered + 1], out[answered + 2], out[answered + 3], out[answered + 4] = 0, n, first, last
+  else
+    for k = 1, 4 do out[answered + k] = outcome[k] end
   end
-  for _, v in ipairs(outcome) do out[#out + 1] = v end
+  answered = answered + 4
   done = done + n
 end
 flush_chunk()
