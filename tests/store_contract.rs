@@ -1138,15 +1138,10 @@ pub async fn feedsync_items_of_a_publisher_with_pattern_characters(e: &dyn Engin
     for new in &script {
         record(&mut expected, new);
     }
-    s.append("c", script[..2].to_vec(), None, now)
-        .await
-        .unwrap();
-    s.append("c", script[2..3].to_vec(), None, now)
-        .await
-        .unwrap();
-    s.append("c", script[3..].to_vec(), None, now)
-        .await
-        .unwrap();
+    // Two changes in one append, then one in each of two more.
+    for part in [&script[..2], &script[2..3], &script[3..]] {
+        s.append("c", part.to_vec(), None, now).await.unwrap();
+    }
     let item = s
         .sync_item("c", "http://example.com/m")
         .await

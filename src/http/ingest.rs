@@ -2,8 +2,7 @@
 //! checked before the body is read; the body is read up to `--max-body`; [`ingest::accept`]
 //! does the rest. 202 `{"accepted", "first", "last"}` once durable.
 
-use axum::extract::Request;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;

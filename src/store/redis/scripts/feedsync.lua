@@ -106,16 +106,14 @@ local function sx_deleted(e, loc)
 end
 
 -- The publisher of log entry `e`, from its last field `,"source":"NAME"}` (nil when it has
--- none), and the end of a counted item of that publisher (' NAME'; sx_last_counted is the
--- pattern of a counted item of the publisher last found, capturing its number). Every change of one
--- request has the same publisher: after the first, a plain comparison of the entry's end with
--- the last one found does (a call that appends several requests matches again where the
--- publisher changes).
+-- none), and the end of a counted item of that publisher (' NAME'), found by a pattern and
+-- remembered: sx_last_tail is the entry's end that names it, sx_last_counted the pattern of a
+-- counted item of it (capturing its number). Every change of one request has the same
+-- publisher: sx_record compares an entry's end with sx_last_tail first, and calls this only
+-- where they differ (the first change of a call, or where a call's next request has another
+-- publisher).
 local sx_last_by, sx_last_tail, sx_last_suffix, sx_last_counted
-local function sx_by(e)
-  if sx_last_tail and find(e, sx_last_tail, #e - #sx_last_tail + 1, true) then
-    return sx_last_by, sx_last_suffix
-  end
+local function sx_find_by(e)
   local by = string.match(e, ',"source":"([^"\\]+)"}$')
   if by then
     sx_last_by, sx_last_tail, sx_last_suffix = by, ',"source":"' .. by .. '"}', ' ' .. by
@@ -163,8 +161,9 @@ local function sx_expand(raw, loc, prev)
 end
 
 -- Records change `e` (a log entry: its final 23-digit datetime key, then the change's JSON,
--- which starts with loc and change and ends with source) of `loc`: its item (read by sx_prefetch) is created or updated, or takes the merged state given for
--- it. `res` is the resource index (the entry of a loc's latest change before this call).
+-- which starts with loc and change and ends with source) of `loc`: its item (read by
+-- sx_prefetch) is created or updated, or takes the merged state given for it. `res` is the
+-- resource index (the entry of a loc's latest change before this call).
 -- Returns the entry, with the item's number of conflicts added when there are any.
 local function sx_record(res, loc, e)
   local item, merged = sx_items[loc], sx_merged[loc]
@@ -172,7 +171,7 @@ local function sx_record(res, loc, e)
   if sx_last_tail and find(e, sx_last_tail, #e - #sx_last_tail + 1, true) then
     by, suffix = sx_last_by, sx_last_suffix
   else
-    by, suffix = sx_by(e)
+    by, suffix = sx_find_by(e)
   end
   -- The common case first: the same publisher again on a counted item, or a new resource.
   local counted
