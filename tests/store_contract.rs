@@ -196,6 +196,18 @@ pub async fn datetimes_never_go_backwards(e: &dyn Engine) {
         ["2031-01-01", "2031-01-01", "2032-01-01", "2032-01-01"]
             .map(|t| at(&format!("{t}T00:00:00Z")))
     );
+    // Every change of a large request received before the latest is raised too (on Redis,
+    // an instance reads the changes of its large requests back from memory: the raised ones
+    // must not be read as they were sent).
+    let large = s
+        .append("c", changes("large", 100), None, at("2024-06-01T00:00:00Z"))
+        .await
+        .unwrap();
+    let read = s.read("c", large.first - 1, 100).await.unwrap();
+    assert_eq!(read.len(), 100);
+    assert!(read
+        .iter()
+        .all(|c| c.datetime == at("2032-01-01T00:00:00Z")));
 }
 
 pub async fn idempotency_keys_replay_and_conflict(e: &dyn Engine) {
@@ -1309,20 +1321,24 @@ pub async fn merges_are_appended_only_onto_what_they_read(e: &dyn Engine) {
     assert_eq!(open.len(), 1);
     assert_eq!(open[0].change.loc, loc);
 
-    // Another endpoint's update keeps the conflict (the store computes what the model does) …
-    s.append(
-        "c",
-        vec![sent(
-            "m",
+    // Another endpoint's update keeps the conflict (the store computes what the model does),
+    // here in a large request (on Redis, an instance reads the changes of its large requests
+    // back from memory: the conflicts count must be there too) …
+    let mut update = vec![sent(
+        "m",
+        ChangeType::Updated,
+        Some("bob"),
+        "2024-01-01T00:00:04Z",
+    )];
+    update.extend((0..99).map(|i| {
+        sent(
+            &format!("other/{i}"),
             ChangeType::Updated,
             Some("bob"),
             "2024-01-01T00:00:04Z",
-        )],
-        None,
-        now,
-    )
-    .await
-    .unwrap();
+        )
+    }));
+    let bobs = s.append("c", update, None, now).await.unwrap();
     let mut expected = merged.sync.clone();
     expected.update(
         Some("bob"),
@@ -1332,7 +1348,8 @@ pub async fn merges_are_appended_only_onto_what_they_read(e: &dyn Engine) {
     expected.compact();
     let stored = s.sync_item("c", loc).await.unwrap().unwrap();
     assert_eq!(stored.sync, expected);
-    assert_eq!(s.read("c", 2, 10).await.unwrap()[0].conflicts, 1);
+    let read = s.read("c", bobs.first - 1, 100).await.unwrap();
+    assert_eq!(read[0].conflicts, 1);
     // … and carol's resolves hers.
     s.append(
         "c",
@@ -1356,7 +1373,7 @@ pub async fn merges_are_appended_only_onto_what_they_read(e: &dyn Engine) {
     let stored = s.sync_item("c", loc).await.unwrap().unwrap();
     assert_eq!(stored.sync, expected);
     assert!(stored.sync.conflicts.is_empty());
-    assert_eq!(s.read("c", 3, 10).await.unwrap()[0].conflicts, 0);
+    assert_eq!(s.read("c", bobs.last, 1).await.unwrap()[0].conflicts, 0);
     assert!(s.sync_conflicts("c", 10).await.unwrap().is_empty());
 }
 
@@ -1631,15 +1648,182 @@ async fn redis_common_items_are_counted_and_older_ones_read() {
 
 /// How many `EVALSHA` calls `server` ran since its statistics were last reset.
 async fn evalsha_calls(conn: &mut ::redis::aio::MultiplexedConnection) -> u64 {
+    command_calls(conn, "evalsha").await
+}
+
+/// How many calls of `command` (lower case) the server of `conn` ran since its statistics
+/// were last reset.
+async fn command_calls(conn: &mut ::redis::aio::MultiplexedConnection, command: &str) -> u64 {
     let info: String = ::redis::cmd("INFO")
         .arg("commandstats")
         .query_async(conn)
         .await
         .unwrap();
+    let prefix = format!("cmdstat_{command}:calls=");
     info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
         .and_then(|rest| rest.split(',').next())
         .map_or(0, |n| n.parse().unwrap())
+}
+
+/// The log's range reads (`XRANGE`, `XREVRANGE`) the server of `conn` ran since its
+/// statistics were last reset.
+async fn range_reads(conn: &mut ::redis::aio::MultiplexedConnection) -> u64 {
+    command_calls(conn, "xrange").await + command_calls(conn, "xrevrange").await
+}
+
+/// An instance reads the changes of the large requests it appended a moment ago from what it
+/// keeps of them, not from the log — and reads exactly what the log holds (a datetime raised,
+/// a datetime's own offset, every field) — but never keeps a change the script did not store
+/// as sent, nor serves a range that retention passed or one of a log that was lost and begun
+/// again; what it kept is read once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_an_instance_reads_back_its_appends_as_the_log_holds_them() {
+    use changehub::model::{Change, Link};
+    let server = redis_server::RedisServer::start(false);
+    // `a` appends; `b` appends nothing, so it reads the log.
+    let a = changehub::store::RedisStore::open(&server.url()).unwrap();
+    let b = changehub::store::RedisStore::open(&server.url()).unwrap();
+    let client = ::redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let now = at("2024-01-01T00:00:00Z");
+    let full = NewChange {
+        datetime: Some(at("2024-01-01T00:59:59.123456789+01:00")),
+        lastmod: Some(at("2023-12-31T00:00:00-05:00")),
+        hash: Some("md5:1e0d5cb8ef6ba40c99b14c0237be735e".into()),
+        length: Some(1234),
+        media_type: Some("text/plain".into()),
+        links: vec![Link {
+            rel: "describedby".into(),
+            href: "http://example.com/full.json".into(),
+            attrs: [("type".to_string(), "application/json".to_string())].into(),
+        }],
+        source: Some("alice".into()),
+        ..NewChange::new("http://example.com/full", ChangeType::Created)
+    };
+    let dated = |prefix: &str, n: usize, when: &str| {
+        let mut out = changes(prefix, n);
+        for c in &mut out {
+            c.datetime = Some(at(when));
+        }
+        out
+    };
+    let mut first = vec![full];
+    first.extend(changes("plain", 99));
+    // (changes, kept: large and stored as sent)
+    let requests = [
+        (first, true),
+        (dated("late", 100, "2030-01-01T00:00:00Z"), true),
+        // Received before the latest: raised to it, not stored as sent.
+        (changes("raised", 100), false),
+        (dated("after", 100, "2031-01-01T00:00:00+01:00"), true),
+        // Small: read back from the log.
+        (dated("small", 2, "2031-01-01T00:00:00Z"), false),
+    ];
+    let mut ranges = Vec::new();
+    for (request, kept) in requests {
+        let n = request.len();
+        let appended = a.append("c", request, None, now).await.unwrap();
+        ranges.push((appended.first - 1, n, kept));
+    }
+    let json = |changes: &[Change]| serde_json::to_string(changes).unwrap();
+    let _: () = ::redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    for &(after, n, kept) in &ranges {
+        let before = range_reads(&mut conn).await;
+        let read = a.read("c", after, n).await.unwrap();
+        let read_log = range_reads(&mut conn).await > before;
+        assert_eq!(read_log, !kept, "range after {after}: the log read or not");
+        let logged = b.read("c", after, n).await.unwrap();
+        assert!(range_reads(&mut conn).await > before, "b reads the log");
+        assert_eq!(read.len(), n);
+        assert_eq!(json(&read), json(&logged), "range after {after}");
+    }
+    assert_eq!(
+        b.read("c", 200, 1).await.unwrap()[0].datetime,
+        at("2030-01-01T00:00:00Z"),
+        "raised"
+    );
+    // Read once: again, from the log.
+    let (after, n, _) = ranges[0];
+    let before = range_reads(&mut conn).await;
+    assert_eq!(a.read("c", after, n).await.unwrap().len(), n);
+    assert!(range_reads(&mut conn).await > before);
+
+    // A range kept in part (the raised changes are not kept): what is kept from its start
+    // from memory, the rest from the log.
+    let kept = a
+        .append("c", dated("kept", 100, "2032-01-01T00:00:00Z"), None, now)
+        .await
+        .unwrap();
+    a.append("c", changes("raised-too", 100), None, now)
+        .await
+        .unwrap();
+    a.append(
+        "c",
+        dated("after-too", 100, "2033-01-01T00:00:00Z"),
+        None,
+        now,
+    )
+    .await
+    .unwrap();
+    let read = a.read("c", kept.first - 1, 1000).await.unwrap();
+    assert_eq!(read.len(), 300);
+    assert_eq!(
+        json(&read),
+        json(&b.read("c", kept.first - 1, 1000).await.unwrap())
+    );
+
+    // Retention past a range's start: read from the log, from `oldest` on.
+    let kept = a
+        .append(
+            "c",
+            dated("trimmed", 100, "2034-01-01T00:00:00Z"),
+            None,
+            now,
+        )
+        .await
+        .unwrap();
+    b.trim(
+        "c",
+        Retention {
+            max_changes: 5,
+            max_age: None,
+            list_size: 1,
+        },
+        now,
+    )
+    .await
+    .unwrap();
+    let seqs: Vec<u64> = a
+        .read("c", kept.first - 1, 100)
+        .await
+        .unwrap()
+        .iter()
+        .map(|c| c.seq)
+        .collect();
+    assert_eq!(seqs, (kept.last - 4..=kept.last).collect::<Vec<u64>>());
+
+    // The log lost (Redis emptied) and begun again by another instance: its seqs start over
+    // under another epoch, and `a` reads them, not what it kept of the lost log.
+    a.append("e", changes("lost", 100), None, now)
+        .await
+        .unwrap();
+    let _: () = ::redis::cmd("FLUSHALL")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let again = b
+        .append("e", changes("again", 100), None, now)
+        .await
+        .unwrap();
+    assert_eq!((again.first, again.last), (1, 100));
+    let read = a.read("e", 0, 100).await.unwrap();
+    assert_eq!(json(&read), json(&b.read("e", 0, 100).await.unwrap()));
+    assert_eq!(read[0].loc, "http://example.com/again/0");
 }
 
 /// A private redis-server with a store on it, ready for a burst (`before_burst`), and a

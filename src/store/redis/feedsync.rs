@@ -15,7 +15,7 @@ use std::sync::LazyLock;
 use time::OffsetDateTime;
 
 use super::events::raise;
-use super::log::{append_call, decode_entry, outcome, run_script, Request};
+use super::log::{append_call, decode_entry, outcome, run_script, Answer, Request};
 use super::{decode, key, timed, timed_write, RedisStore};
 use crate::model::feedsync::{self, MergedChange, SyncState, Synced};
 use crate::store::{Appended, StoreError, SyncPage};
@@ -207,10 +207,13 @@ pub(super) async fn append_merged(
     }
     call.arg(merged.len());
     let mut conn = store.conn();
-    let answer: Vec<u64> = timed_write(run_script(&MERGE, &call, &mut conn)).await?;
+    let reply: redis::Value = timed_write(run_script(&MERGE, &call, &mut conn)).await?;
+    let answer = Answer::read(reply, 1)?.numbers;
     if answer.first() == Some(&3) {
         return Ok(None);
     }
+    // Merged changes are not kept for reading back (recent.rs): the batcher reads them from
+    // the log.
     let appended = outcome(&answer)?;
     raise(&store.heads, channel, appended.last);
     Ok(Some(appended))

@@ -199,7 +199,9 @@ pub(super) struct Request {
     /// one per change); entry `i` ends at `ends[i]`.
     entries: Vec<u8>,
     ends: Vec<usize>,
-    locs: Vec<String>,
+    /// The changes as sent: their locs go to the script apart, and those stored as sent are
+    /// kept for reading back ([`Request::into_changes`]).
+    changes: Vec<NewChange>,
     /// Whether the entries' datetime keys never go down from one to the next: the append
     /// script then raises none of them when the first is not below the channel's latest.
     ordered: bool,
@@ -226,30 +228,50 @@ impl Request {
             .sum();
         let mut entries = Vec::with_capacity(size);
         let mut ends = Vec::with_capacity(changes.len());
-        let mut locs = Vec::with_capacity(changes.len());
         let mut ordered = true;
         // Where the entry before this one starts (its datetime key).
         let mut previous: Option<usize> = None;
-        for change in changes {
+        for change in &changes {
             let start = entries.len();
             write_datetime_key(change.datetime.unwrap_or(now), &mut entries);
             if let Some(p) = previous {
                 ordered &= entries[p..p + DT_KEY_LEN] <= entries[start..start + DT_KEY_LEN];
             }
             previous = Some(start);
-            serde_json::to_writer(&mut entries, &Stored::from(&change))
+            serde_json::to_writer(&mut entries, &Stored::from(change))
                 .map_err(|e| StoreError::Corrupt(e.to_string()))?;
             ends.push(entries.len());
-            locs.push(change.loc);
         }
         Ok(Request {
             idempotency,
             now: now.unix_timestamp(),
             entries,
             ends,
-            locs,
+            changes,
             ordered,
         })
+    }
+
+    /// Its changes as the log holds them when the append script stored every entry as sent,
+    /// numbered from `first`: what [`decode_entry`] reads from those entries.
+    pub(super) fn into_changes(self, first: u64) -> Result<Vec<Change>, StoreError> {
+        let starts = std::iter::once(0).chain(self.ends.iter().copied());
+        let bounds = starts.zip(self.ends.iter().copied());
+        let mut out = Vec::with_capacity(self.changes.len());
+        for ((seq, new), (start, end)) in (first..).zip(self.changes).zip(bounds) {
+            let entry = &self.entries[start..end];
+            let (d, json) = entry.split_at(DT_KEY_LEN.min(entry.len()));
+            let d = std::str::from_utf8(d).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            // As decode_entry: the change's own datetime when its key is the entry's.
+            let datetime = match new.datetime {
+                Some(own) if datetime_key(own) == d => own,
+                _ => datetime_from_key(d)?,
+            };
+            let mut change = Change::from_new(seq, new, datetime);
+            change.conflicts = super::feedsync::tail_conflicts(json);
+            out.push(change);
+        }
+        Ok(out)
     }
 
     /// The number of changes.
@@ -271,7 +293,7 @@ impl Request {
             .idempotency
             .as_ref()
             .map_or(0, |k| k.key.len() + k.fingerprint.len());
-        let locs: usize = self.locs.iter().map(String::len).sum();
+        let locs: usize = self.changes.iter().map(|c| c.loc.len()).sum();
         key + self.entries.len() + locs
     }
 }
@@ -295,7 +317,7 @@ pub(super) fn append_call(script: &Script, channel: &str, requests: &[&Request])
     ];
     let changes: usize = requests.iter().map(|r| r.len()).sum();
     let bytes: usize = requests.iter().map(|r| r.size()).sum();
-    let args = 3 + KEYS.len() + 4 + 5 * requests.len() + 2 * changes;
+    let args = 3 + KEYS.len() + 4 + 5 * requests.len() + 2 * changes + 1;
     // Room for the entries and locs, the keys, and the short arguments (numbers, the hash).
     let mut cmd = Cmd::with_capacity(args, bytes + 64 * KEYS.len() + 64 + 32 * requests.len());
     cmd.arg("EVALSHA").arg(script.get_hash()).arg(KEYS.len());
@@ -321,11 +343,56 @@ pub(super) fn append_call(script: &Script, channel: &str, requests: &[&Request])
         }
     }
     for request in requests {
-        for loc in &request.locs {
-            cmd.arg(loc);
+        for change in &request.changes {
+            cmd.arg(&change.loc);
         }
     }
+    // The channel's epoch, should it have none yet (its first append, or its log lost).
+    cmd.arg(new_epoch());
     cmd
+}
+
+/// What the append script answered (see `scripts/append.lua`): five numbers per request —
+/// [`outcome`] reads the first four, the fifth is 1 when the request's entries were stored
+/// as sent — and the channel's epoch (none only from the merge script when it appended
+/// nothing).
+pub(super) struct Answer {
+    pub numbers: Vec<u64>,
+    pub epoch: Option<String>,
+}
+
+impl Answer {
+    /// Reads the script's reply for `requests` requests.
+    pub(super) fn read(reply: Value, requests: usize) -> Result<Answer, StoreError> {
+        let bad = |reply: &Value| {
+            StoreError::Corrupt(format!(
+                "the append script answered {reply:?} for {requests} requests"
+            ))
+        };
+        let Value::Array(items) = &reply else {
+            return Err(bad(&reply));
+        };
+        let Some((epoch, numbers)) = items.split_last() else {
+            return Err(bad(&reply));
+        };
+        if numbers.len() != 5 * requests {
+            return Err(bad(&reply));
+        }
+        let epoch = match epoch {
+            Value::Nil => None,
+            Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+            _ => return Err(bad(&reply)),
+        };
+        let numbers = numbers
+            .iter()
+            .map(|n| match n {
+                Value::Int(n) => u64::try_from(*n).ok(),
+                _ => None,
+            })
+            .collect::<Option<Vec<u64>>>()
+            .ok_or_else(|| bad(&reply))?;
+        Ok(Answer { numbers, epoch })
+    }
 }
 
 /// Runs `call`, an `EVALSHA` of `script` (see [`append_call`]); when Redis does not have the
@@ -344,9 +411,9 @@ pub(super) async fn run_script<T: redis::FromRedisValue>(
     }
 }
 
-/// What the append script answered for one request: `[status, accepted, first, last]`.
+/// What the append script answered for one request: `[status, accepted, first, last, sent]`.
 pub(super) fn outcome(answer: &[u64]) -> Result<Appended, StoreError> {
-    let &[status, accepted, first, last] = answer else {
+    let &[status, accepted, first, last, _sent] = answer else {
         return Err(StoreError::Corrupt(format!(
             "the append script answered {answer:?}"
         )));
@@ -404,31 +471,80 @@ pub(super) async fn range(
         from.max(1)
     };
     let upto = from.saturating_add(limit as u64 - 1);
-    let log = key(channel, "log");
-    // In one round trip: where the log starts, the entry before `from` (it may hold `from`
-    // and more: an entry holds a chunk of changes), and the entries that begin in
-    // `from..=upto` (at most `limit` of them: every entry holds one change at least).
-    let mut pipe = redis::pipe();
-    pipe.hget(key(channel, "meta"), "oldest");
-    // From seq 1: `0-0`, before every entry.
-    pipe.cmd("XREVRANGE")
-        .arg(&log)
-        .arg(format!("{}-0", from - 1))
-        .arg("-")
-        .arg("COUNT")
-        .arg(1);
-    pipe.cmd("XRANGE")
-        .arg(&log)
-        .arg(format!("{from}-0"))
-        .arg(format!("{upto}-0"));
-    let (oldest, before, entries): (Option<u64>, Value, Value) =
-        timed(pipe.query_async(&mut conn)).await?;
-    let keep = from.max(oldest.unwrap_or(1))..=upto;
-    let mut out = Vec::with_capacity(limit.min(1024));
-    reply_to_changes(&before, keep.clone(), &mut out)?;
-    reply_to_changes(&entries, keep, &mut out)?;
+    // What this instance appended last, from `from` on, is taken from memory (`recent.rs`)
+    // when Redis still has the epoch it was appended under and retention has not passed
+    // `from`; the log is read for the rest of the range, in the same round trip.
+    if let Some((epoch, mut held)) = (!newest)
+        .then(|| store.recent.take_from(channel, from, upto))
+        .flatten()
+    {
+        let next = from + held.len() as u64;
+        let read = read_log(&mut conn, channel, next, upto).await?;
+        if read.epoch.as_deref() == Some(epoch.as_str()) && read.oldest <= from {
+            held.extend(read.changes);
+            return Ok(held);
+        }
+    }
+    let mut out = read_log(&mut conn, channel, from, upto).await?.changes;
     out.truncate(limit);
     Ok(out)
+}
+
+/// A range read of the log, with the channel's `oldest` and epoch.
+struct LogRead {
+    oldest: u64,
+    epoch: Option<String>,
+    /// The changes `from.max(oldest)..=upto` (none when `from > upto`).
+    changes: Vec<Change>,
+}
+
+/// Reads changes `from..=upto` of `channel`'s log (none when `from > upto`), never one before
+/// its `oldest`, in one round trip with the channel's `oldest` and epoch.
+async fn read_log(
+    conn: &mut super::conn::Conn,
+    channel: &str,
+    from: u64,
+    upto: u64,
+) -> Result<LogRead, StoreError> {
+    let log = key(channel, "log");
+    // In one round trip: where the log starts and its epoch, the entry before `from` (it may
+    // hold `from` and more: an entry holds a chunk of changes), and the entries that begin in
+    // `from..=upto` (at most `upto - from + 1` of them: every entry holds one change at least).
+    let mut pipe = redis::pipe();
+    pipe.cmd("HMGET")
+        .arg(key(channel, "meta"))
+        .arg("oldest")
+        .arg("epoch");
+    if from <= upto {
+        // From seq 1: `0-0`, before every entry.
+        pipe.cmd("XREVRANGE")
+            .arg(&log)
+            .arg(format!("{}-0", from - 1))
+            .arg("-")
+            .arg("COUNT")
+            .arg(1);
+        pipe.cmd("XRANGE")
+            .arg(&log)
+            .arg(format!("{from}-0"))
+            .arg(format!("{upto}-0"));
+    }
+    let replies: Vec<Value> = timed(pipe.query_async(conn)).await?;
+    // The meta, then (when the range is not empty) the entry before it and those in it.
+    let mut replies = replies.into_iter();
+    let meta = replies.next().unwrap_or(Value::Nil);
+    let (oldest, epoch): (Option<u64>, Option<String>) = redis::from_redis_value(meta)
+        .map_err(|e| StoreError::Corrupt(format!("bad meta reply: {e}")))?;
+    let oldest = oldest.unwrap_or(1);
+    let keep = from.max(oldest)..=upto;
+    let mut changes = Vec::new();
+    for reply in replies {
+        reply_to_changes(&reply, keep.clone(), &mut changes)?;
+    }
+    Ok(LogRead {
+        oldest,
+        epoch,
+        changes,
+    })
 }
 
 /// The head of `channel`, from a read sent after this call began (see `head_reads.rs`).
@@ -562,13 +678,14 @@ pub(super) async fn trim(
 mod tests {
     use super::*;
 
-    #[test]
-    fn stored_changes_read_back_whole() {
-        let full = NewChange {
+    /// A change with every field, at `datetime`, modified at `lastmod`, from `source`.
+    fn full(datetime: &str, lastmod: &str, source: Option<&str>) -> NewChange {
+        let t = |s: &str| crate::model::parse_w3c_datetime(s).unwrap();
+        NewChange {
             loc: "http://example.com/a".into(),
             change: ChangeType::Deleted,
-            datetime: Some(crate::model::parse_w3c_datetime("2024-01-01T01:00:00+01:00").unwrap()),
-            lastmod: Some(crate::model::parse_w3c_datetime("2023-01-01T00:00:00Z").unwrap()),
+            datetime: Some(t(datetime)),
+            lastmod: Some(t(lastmod)),
             hash: Some("md5:1e0d5cb8ef6ba40c99b14c0237be735e".into()),
             length: Some(8),
             media_type: Some("text/plain".into()),
@@ -577,13 +694,48 @@ mod tests {
                 href: "http://example.com/a.txt".into(),
                 attrs: [("type".to_string(), "text/plain".to_string())].into(),
             }],
-            source: None,
-        };
+            source: source.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn stored_changes_read_back_whole() {
+        let full = full("2024-01-01T01:00:00+01:00", "2023-01-01T00:00:00Z", None);
         let bare = NewChange::new("http://example.com/b", ChangeType::Created);
         for c in [full, bare] {
             let bytes = serde_json::to_vec(&Stored::from(&c)).unwrap();
             assert_eq!(decode::<NewChange>(&bytes).unwrap(), c);
         }
+    }
+
+    /// A request's changes as it keeps them for reading back (`recent.rs`) are what the log's
+    /// reader makes of its entries, to the datetime's offset and precision.
+    #[test]
+    fn a_request_turns_into_the_changes_its_entries_read_back_as() {
+        let t = |s: &str| crate::model::parse_w3c_datetime(s).unwrap();
+        let now = t("2024-01-01T00:00:00.123456789Z");
+        let changes = vec![
+            full(
+                "2023-12-31T20:00:00.5-04:00",
+                "2023-01-01T00:00:00+05:30",
+                Some("alice"),
+            ),
+            NewChange::new("http://example.com/b", ChangeType::Created),
+            NewChange {
+                datetime: Some(t("2024-02-01T00:00:00+01:00")),
+                ..NewChange::new("http://example.com/c\"é", ChangeType::Updated)
+            },
+        ];
+        let request = Request::new(changes, None, now).unwrap();
+        let decoded: Vec<Change> = request
+            .entries()
+            .enumerate()
+            .map(|(i, e)| decode_entry(7 + i as u64, e).unwrap())
+            .collect();
+        let kept = request.into_changes(7).unwrap();
+        assert_eq!(kept, decoded);
+        let rendered = |changes: &[Change]| serde_json::to_string(changes).unwrap();
+        assert_eq!(rendered(&kept), rendered(&decoded));
     }
 
     #[test]
@@ -614,14 +766,7 @@ mod tests {
         let locs: usize = changes.iter().map(|c| c.loc.len()).sum();
         let bytes: usize = entries.iter().map(|e| e.len()).sum();
         assert_eq!(request.size(), bytes + locs);
-        assert_eq!(
-            request.locs,
-            [
-                "http://example.com/a",
-                "http://example.com/b",
-                "http://example.com/c"
-            ]
-        );
+        assert_eq!(request.changes, changes);
     }
 
     #[test]

@@ -3,8 +3,11 @@
 //!
 //! Files: `conn` (the `--redis` URL and the command connection), `log` (append, read,
 //! head, trim), `group` (group commit: one append script call per channel at a time, for all
-//! the appends waiting), `head_reads` (one head read shared by the requests that wait for it), `index` (the resource index), `feedsync` (the FeedSync items), `subscriptions` (subscriptions and delivery state), `leases` (channel
-//! ownership), `events` (pub/sub between instances); the Lua scripts are in `scripts/`.
+//! the appends waiting), `recent` (the changes of the large requests this instance appended
+//! last, read back without the log), `head_reads` (one head read shared by the requests that
+//! wait for it), `index` (the resource index), `feedsync` (the FeedSync items),
+//! `subscriptions` (subscriptions and delivery state), `leases` (channel ownership), `events`
+//! (pub/sub between instances); the Lua scripts are in `scripts/`.
 //!
 //! Key layout — every key of channel `c` carries the hash tag `{c}`, so that all of them live
 //! in one slot of a Redis Cluster and one script can touch them together:
@@ -12,7 +15,7 @@
 //! | key | type | what |
 //! |---|---|---|
 //! | `changehub:{c}:log` | stream | the log, in chunks: an entry holds up to 32 changes with consecutive seqs, id `FIRST-0` (the seq of the first), one field per change in seq order (`e` alone, `c` each when several): the final datetime as a 23-digit sortable key, then the change as the source sent it (JSON, empty fields left out) |
-//! | `changehub:{c}:meta` | hash | `last` (newest seq), `oldest` (first retained seq), `dt` (latest datetime key), `published` (what the owner announced), `indexed` (the resource index is complete), `created` (when the channel began, a datetime key) |
+//! | `changehub:{c}:meta` | hash | `last` (newest seq), `oldest` (first retained seq), `dt` (latest datetime key), `published` (what the owner announced), `indexed` (the resource index is complete), `created` (when the channel began, a datetime key), `epoch` (the log's epoch, set by the first append or the first origin read: a log lost and begun again gets another) |
 //! | `changehub:{c}:res` | hash | resource index: loc → the log entry of its latest change |
 //! | `changehub:{c}:res-seq` | sorted set | resource index: loc by the seq of its latest change |
 //! | `changehub:{c}:sx` | hash | FeedSync items: loc → its sync metadata, written by the append script: `UPDATES PUBLISHER` for one publisher's updates (the rest implied by the resource's latest change), otherwise JSON |
@@ -87,6 +90,7 @@ mod head_reads;
 mod index;
 mod leases;
 mod log;
+mod recent;
 mod subscriptions;
 
 pub use conn::{Target, CLUSTER_SCHEME};
@@ -194,6 +198,8 @@ pub struct RedisStore {
     stop: CancellationToken,
     /// Head reads shared by the requests that want one at the same time.
     head_reads: head_reads::HeadReads,
+    /// The changes this instance appended last, for reading them back without the log.
+    recent: Arc<recent::Recent>,
 }
 
 impl Drop for RedisStore {
@@ -230,7 +236,14 @@ impl RedisStore {
             include_str!("scripts/feedsync.lua"),
             include_str!("scripts/append.lua")
         ));
-        let appends = group::Appends::new(appending, append, heads.clone(), stop.clone());
+        let recent = Arc::new(recent::Recent::default());
+        let appends = group::Appends::new(
+            appending,
+            append,
+            heads.clone(),
+            recent.clone(),
+            stop.clone(),
+        );
         Ok(RedisStore {
             conn,
             heads,
@@ -241,6 +254,7 @@ impl RedisStore {
             appends,
             stop,
             head_reads: head_reads::HeadReads::default(),
+            recent,
         })
     }
 

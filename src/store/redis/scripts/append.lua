@@ -6,9 +6,13 @@
 --       then per request: its idempotency key ('' for none), fingerprint, now (unix s),
 --       number of changes, and '1' when its entries' datetime keys never go down from one
 --       to the next ('0' otherwise); then one entry per change of every request, in order
---       (its datetime key, 23 digits, then its JSON), then the loc of each, in the same order
--- Returns 4 numbers per request, in order: status (0 appended, 1 replayed: the key was seen
--- with the same fingerprint, 2 conflict: with another one), accepted, first and last seq.
+--       (its datetime key, 23 digits, then its JSON), then the loc of each, in the same order;
+--       last, an epoch for the channel, taken when it has none yet
+-- Returns 5 numbers per request, in order: status (0 appended, 1 replayed: the key was seen
+-- with the same fingerprint, 2 conflict: with another one), accepted, first and last seq, and
+-- 1 when every entry of the request was stored as sent (no datetime raised, no conflicts
+-- count added; 0 otherwise); then the channel's epoch. The hub keeps the changes stored as
+-- sent, with that epoch, to read them back without the log (recent.rs).
 -- The changes of the call go into the log CHUNK at a time, one stream entry per chunk (see
 -- log.rs): id FIRST-0, where FIRST is the seq of its first change, and one field per change,
 -- in seq order; `e` when the entry holds one change, `c` for each when it holds more. A field
@@ -21,7 +25,12 @@ for j = 0, r - 1 do total = total + ARGV[8 + 5 * j] end
 -- ARGV[entry0 + i] is the i-th entry of the call (from 1), ARGV[loc0 + i] its loc.
 local entry0 = 4 + 5 * r
 local loc0 = entry0 + total
-local meta = redis.call('HMGET', KEYS[2], 'last', 'dt')
+local meta = redis.call('HMGET', KEYS[2], 'last', 'dt', 'epoch')
+local epoch = meta[3]
+if not epoch then
+  epoch = ARGV[loc0 + total + 1]
+  redis.call('HSET', KEYS[2], 'epoch', epoch)
+end
 local before = tonumber(meta[1] or '0')
 local last = before
 local latest = meta[2] or ''
@@ -83,8 +92,10 @@ for j = 0, r - 1 do
     -- case: every change at the time of its request).
     local first_key = n > 0 and ARGV[9 + 5 * j] == '1' and sub(ARGV[entry0 + done + 1], 1, 23)
     local ordered = first_key and first_key >= latest
+    local sent = 1
     for i = done + 1, done + n do
-      local e = ARGV[entry0 + i]
+      local sent_e = ARGV[entry0 + i]
+      local e = sent_e
       local loc = ARGV[loc0 + i]
       if not ordered then
         local d = sub(e, 1, 23)
@@ -96,6 +107,8 @@ for j = 0, r - 1 do
       end
       last = last + 1
       e = sx_record(res_key, loc, e)
+      -- (Strings are interned: this compares two pointers.)
+      if e ~= sent_e then sent = 0 end
       -- The index's score is the seq; a chunk's entry id is its first seq (XADD makes it SEQ-0).
       local id = format('%d', last)
       if chunked == 0 then chunk_id = id end
@@ -117,10 +130,12 @@ for j = 0, r - 1 do
       redis.call('ZADD', KEYS[4], now, key)
     end
     out[answered + 1], out[answered + 2], out[answered + 3], out[answered + 4] = 0, n, first, last
+    out[answered + 5] = sent
   else
     for k = 1, 4 do out[answered + k] = outcome[k] end
+    out[answered + 5] = 0
   end
-  answered = answered + 4
+  answered = answered + 5
   done = done + n
 end
 flush_chunk()
@@ -134,4 +149,5 @@ if last > before then
   -- One head message per call, with its final seq: listeners only raise their heads to it.
   redis.call('PUBLISH', ARGV[2], string.format('head %s %d', ARGV[3], last))
 end
+out[answered + 1] = epoch
 return out
