@@ -134,6 +134,8 @@ def main():
         else:
             args = ["EVALSHA", sha, len(keys), *keys, 86400, "changehub:events", "bench", 1,
                     "", "", 1_700_000_000, len(entries), "1", *entries, *locs]
+        # Last, the epoch the channel takes on its first append.
+        args.append("0123456789abcdef")
 
         def append():
             answer = call(*args)

@@ -42,7 +42,8 @@ const ALONE_FROM: usize = 100;
 /// 64 connections on two cores: keeping every request's changes cost the hub about 5 µs more
 /// per request than reading them back (their many small allocations, made by the web layer's
 /// threads, then lived on and were freed by the batcher's: malloc's slow paths doubled), while
-/// with 1,000-change requests keeping them took 15% off the hub's CPU.
+/// with 1,000-change requests keeping them took a third off the hub's CPU (3.8 → 2.6 ms per
+/// request; docs/performance.md, twenty-second pass).
 const KEEP_FROM: usize = ALONE_FROM;
 /// A call takes no more waiting requests once it holds this many changes.
 const MAX_CHANGES: usize = 1000;

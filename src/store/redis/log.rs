@@ -172,19 +172,29 @@ fn entry_to_changes(
 
 /// Rebuilds change `seq` from its entry (the `e` field of the log, the value of the index).
 pub(super) fn decode_entry(seq: u64, entry: &[u8]) -> Result<Change, StoreError> {
+    entry_change(seq, entry, decode)
+}
+
+/// Change `seq` of `entry`, whose JSON part `new` turns into the change as sent: the datetime
+/// and conflicts count are read from the entry.
+fn entry_change(
+    seq: u64,
+    entry: &[u8],
+    new: impl FnOnce(&[u8]) -> Result<NewChange, StoreError>,
+) -> Result<Change, StoreError> {
     if entry.len() < DT_KEY_LEN {
         return Err(StoreError::Corrupt(format!("entry {seq} is too short")));
     }
-    let (d, c) = entry.split_at(DT_KEY_LEN);
+    let (d, json) = entry.split_at(DT_KEY_LEN);
     let d = std::str::from_utf8(d).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-    let new: NewChange = decode(c)?;
+    let new = new(json)?;
     // Keep the source's own datetime (and its offset) when it was not raised.
     let datetime = match new.datetime {
         Some(own) if datetime_key(own) == d => own,
         _ => datetime_from_key(d)?,
     };
     let mut change = Change::from_new(seq, new, datetime);
-    change.conflicts = super::feedsync::tail_conflicts(c);
+    change.conflicts = super::feedsync::tail_conflicts(json);
     Ok(change)
 }
 
@@ -257,21 +267,14 @@ impl Request {
     pub(super) fn into_changes(self, first: u64) -> Result<Vec<Change>, StoreError> {
         let starts = std::iter::once(0).chain(self.ends.iter().copied());
         let bounds = starts.zip(self.ends.iter().copied());
-        let mut out = Vec::with_capacity(self.changes.len());
-        for ((seq, new), (start, end)) in (first..).zip(self.changes).zip(bounds) {
-            let entry = &self.entries[start..end];
-            let (d, json) = entry.split_at(DT_KEY_LEN.min(entry.len()));
-            let d = std::str::from_utf8(d).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-            // As decode_entry: the change's own datetime when its key is the entry's.
-            let datetime = match new.datetime {
-                Some(own) if datetime_key(own) == d => own,
-                _ => datetime_from_key(d)?,
-            };
-            let mut change = Change::from_new(seq, new, datetime);
-            change.conflicts = super::feedsync::tail_conflicts(json);
-            out.push(change);
-        }
-        Ok(out)
+        (first..)
+            .zip(self.changes)
+            .zip(bounds)
+            .map(|((seq, new), (start, end))| {
+                // As decode_entry reads it, the change as sent standing for its JSON.
+                entry_change(seq, &self.entries[start..end], |_| Ok(new))
+            })
+            .collect()
     }
 
     /// The number of changes.
@@ -474,10 +477,12 @@ pub(super) async fn range(
     // What this instance appended last, from `from` on, is taken from memory (`recent.rs`)
     // when Redis still has the epoch it was appended under and retention has not passed
     // `from`; the log is read for the rest of the range, in the same round trip.
-    if let Some((epoch, mut held)) = (!newest)
-        .then(|| store.recent.take_from(channel, from, upto))
-        .flatten()
-    {
+    let held = if newest {
+        None
+    } else {
+        store.recent.take_from(channel, from, upto)
+    };
+    if let Some((epoch, mut held)) = held {
         let next = from + held.len() as u64;
         let read = read_log(&mut conn, channel, next, upto).await?;
         if read.epoch.as_deref() == Some(epoch.as_str()) && read.oldest <= from {

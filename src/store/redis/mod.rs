@@ -198,7 +198,8 @@ pub struct RedisStore {
     stop: CancellationToken,
     /// Head reads shared by the requests that want one at the same time.
     head_reads: head_reads::HeadReads,
-    /// The changes this instance appended last, for reading them back without the log.
+    /// The changes of the large requests this instance appended last, for reading them back
+    /// without the log.
     recent: Arc<recent::Recent>,
 }
 
