@@ -24,8 +24,8 @@ use std::sync::Mutex;
 
 use crate::model::Change;
 
-/// Most changes held, across channels: two of the batcher's largest reads (4,000 changes),
-/// about 3 MiB for changes of a few hundred bytes.
+/// Most changes held, across channels: two of the batcher's largest reads (4,000 changes);
+/// at a few hundred bytes a change (an estimate, not measured), about 3 MiB.
 pub(super) const MAX_HELD: usize = 8192;
 
 /// The changes of large requests appended last by this instance (see the module docs).
