@@ -22,7 +22,10 @@
 //!   neither fill memory nor hold publishing back. The bound on disk drops whole segments,
 //!   the one used least recently first. A miss in memory reads only what the page needs from
 //!   the file (the offsets and datetimes of its first and last entries, then the byte range):
-//!   the operating system's page cache does the caching, not the hub's memory.
+//!   the operating system's page cache does the caching, not the hub's memory. A segment
+//!   keeps its file open once read, and a read that costs no wait (that file open, its bytes
+//!   in the page cache) is made on the caller's thread; any other on a blocking thread
+//!   ([`Wait`]).
 //!
 //! What a page takes from a block is [`Entries`]: its bytes as [`Bytes`] that share the
 //! block's memory, or that the file was read into, so that a page is sent as its header and
@@ -401,7 +404,9 @@ impl PageCache {
 
     /// Entries `seqs` of block number `block` of `channel` in `epoch` (a range within that
     /// block, not empty), from its file if there is one. The whole block is read when memory
-    /// has room for it, and kept there. Reads on a blocking thread.
+    /// has room for it, and kept there. Read on the caller's thread when the page cache of the
+    /// operating system holds the bytes and the segment file is open, else on a blocking
+    /// thread (see [`Wait`]).
     pub async fn read(
         &self,
         channel: &str,
@@ -421,18 +426,30 @@ impl PageCache {
             memory.bytes + size <= memory.bound
         };
         if whole {
-            let read = {
-                let key = key.clone();
-                tokio::task::spawn_blocking(move || files.read(&key)).await
+            let found = match files.read(&key, Wait::Never) {
+                Ok(found) => found?,
+                Err(WouldWait) => {
+                    let key = key.clone();
+                    tokio::task::spawn_blocking(move || files.read(&key, Wait::Allowed))
+                        .await
+                        .ok()?
+                        .ok()??
+                }
             };
-            let found = Arc::new(read.ok()??);
+            let found = Arc::new(found);
             self.keep_in_memory(key, found.clone());
             return found.entries(seqs.start..=seqs.end - 1);
         }
         let entries = (seqs.start - first) as usize..(seqs.end - first) as usize;
-        tokio::task::spawn_blocking(move || files.read_entries(&key, entries))
+        match files.read_entries(&key, entries.clone(), Wait::Never) {
+            Ok(found) => found,
+            Err(WouldWait) => tokio::task::spawn_blocking(move || {
+                files.read_entries(&key, entries, Wait::Allowed)
+            })
             .await
             .ok()?
+            .ok()?,
+        }
     }
 
     /// Keeps a complete block (`BLOCK` entries from seq `block·BLOCK + 1`) in memory and, on
@@ -590,7 +607,27 @@ struct Segment {
     generation: u64,
     length: u64,
     blocks: Vec<u64>,
+    /// The file, open for reading once a block of it was read (closed when the segment is
+    /// dropped and the last read of it ends).
+    file: Option<Arc<File>>,
 }
+
+/// Whether a read of a block file may wait for the disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Wait {
+    /// Only what costs no wait: the segment file already open, its bytes in the operating
+    /// system's page cache (`preadv2` with `RWF_NOWAIT`). Otherwise the read gives
+    /// [`WouldWait`] and nothing else happens. For the async threads that serve requests:
+    /// a read of a block read recently costs a copy, not a trip through the blocking pool
+    /// (two thread wake-ups, which under load cost more than the copy).
+    Never,
+    /// The read may wait for the file to open and for the disk (on a blocking thread).
+    Allowed,
+}
+
+/// A read with [`Wait::Never`] would have had to wait: read again with [`Wait::Allowed`].
+#[derive(Debug)]
+struct WouldWait;
 
 /// The magic number at the start of a block (its format's version).
 const MAGIC: &[u8; 8] = b"CHPAGES1";
@@ -647,6 +684,20 @@ impl PageFiles {
         Some(self.segment_path(key, place.generation))
     }
 
+    /// [`PageFiles::read`] that may wait.
+    #[cfg(test)]
+    fn read_waiting(&self, key: &Key) -> Option<Block> {
+        self.read(key, Wait::Allowed).ok().flatten()
+    }
+
+    /// [`PageFiles::read_entries`] that may wait.
+    #[cfg(test)]
+    fn entries_waiting(&self, key: &Key, entries: Range<usize>) -> Option<Entries> {
+        self.read_entries(key, entries, Wait::Allowed)
+            .ok()
+            .flatten()
+    }
+
     /// Where the files are.
     pub fn dir(&self) -> &Path {
         &self.dir
@@ -670,16 +721,45 @@ impl PageFiles {
 
     /// The size of the block of `key`, if its bytes are written (its segment counts as used).
     fn size(&self, key: &Key) -> Option<u64> {
-        self.place(key).map(|(_, place)| place.size)
+        self.place(key).map(|(place, _)| place.size)
     }
 
-    /// Where the block of `key` is, if its bytes are written (its segment counts as used).
-    fn place(&self, key: &Key) -> Option<(PathBuf, Place)> {
+    /// Where the block of `key` is, if its bytes are written (its segment counts as used),
+    /// and its segment file if it is open for reading.
+    fn place(&self, key: &Key) -> Option<(Place, Option<Arc<File>>)> {
         let segment = self.segment_of(key);
         let mut index = lock(&self.index);
         let place = *index.blocks.get(key).filter(|p| p.written)?;
-        index.segments.touch(&segment);
-        Some((self.segment_path(key, place.generation), place))
+        let file = index
+            .segments
+            .touch(&segment)
+            .and_then(|s| s.file.clone().filter(|_| s.generation == place.generation));
+        Some((place, file))
+    }
+
+    /// The segment file of the block of `key` at `place`, open for reading: the one its
+    /// segment keeps, else (when the read may wait) opened and kept with the segment.
+    fn segment_file(
+        &self,
+        key: &Key,
+        place: Place,
+        kept: Option<Arc<File>>,
+        wait: Wait,
+    ) -> io::Result<Arc<File>> {
+        if let Some(file) = kept {
+            return Ok(file);
+        }
+        if wait == Wait::Never {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        let file = Arc::new(File::open(self.segment_path(key, place.generation))?);
+        let mut index = lock(&self.index);
+        if let Some(segment) = index.segments.touch(&self.segment_of(key)) {
+            if segment.generation == place.generation && segment.file.is_none() {
+                segment.file = Some(file.clone());
+            }
+        }
+        Ok(file)
     }
 
     /// Writes a complete block into its segment file, at a place reserved for it, and
@@ -755,6 +835,7 @@ impl PageFiles {
                     generation: index.generation,
                     length: 0,
                     blocks: Vec::new(),
+                    file: None,
                 }
             }
         };
@@ -797,26 +878,46 @@ impl PageFiles {
 
     /// Reads the whole block of `key`. `None` when it is not written or is not what it
     /// should be. Blocking.
-    fn read(&self, key: &Key) -> Option<Block> {
-        let (path, place) = self.place(key)?;
-        let read = read_block(&path, place, key.block * BLOCK + 1);
+    fn read(&self, key: &Key, wait: Wait) -> Result<Option<Block>, WouldWait> {
+        let Some((place, kept)) = self.place(key) else {
+            return Ok(None);
+        };
+        let read = self
+            .segment_file(key, place, kept, wait)
+            .and_then(|file| read_block(&file, place, key.block * BLOCK + 1, wait));
         self.checked(key, place, read)
     }
 
     /// Reads the entries `entries` (indices within the block) of the block of `key`: only the
     /// offsets and datetimes of the first and the last, then their bytes. `None` when it is
     /// not written or is not what it should be. Blocking.
-    fn read_entries(&self, key: &Key, entries: Range<usize>) -> Option<Entries> {
-        let (path, place) = self.place(key)?;
-        let read = read_entries(&path, place, key.block * BLOCK + 1, entries);
+    fn read_entries(
+        &self,
+        key: &Key,
+        entries: Range<usize>,
+        wait: Wait,
+    ) -> Result<Option<Entries>, WouldWait> {
+        let Some((place, kept)) = self.place(key) else {
+            return Ok(None);
+        };
+        let read = self
+            .segment_file(key, place, kept, wait)
+            .and_then(|file| read_entries(&file, place, key.block * BLOCK + 1, entries, wait));
         self.checked(key, place, read)
     }
 
     /// What was read of the block of `key` at `place`; when that failed, the block is
-    /// forgotten, and its segment with it when no other block is placed in it.
-    fn checked<T>(&self, key: &Key, place: Place, read: io::Result<T>) -> Option<T> {
+    /// forgotten, and its segment with it when no other block is placed in it — unless the
+    /// read only would have had to wait.
+    fn checked<T>(
+        &self,
+        key: &Key,
+        place: Place,
+        read: io::Result<T>,
+    ) -> Result<Option<T>, WouldWait> {
         let e = match read {
-            Ok(found) => return Some(found),
+            Ok(found) => return Ok(Some(found)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Err(WouldWait),
             Err(e) => e,
         };
         tracing::warn!(channel = %key.channel, block = key.block, error = %e, "cannot read a block of rendered page entries; rendering it again");
@@ -827,17 +928,19 @@ impl PageFiles {
             .get(key)
             .is_none_or(|p| p.generation != place.generation)
         {
-            return None;
+            return Ok(None);
         }
         index.blocks.remove(key);
-        let segment = index.segments.touch(&segment_key)?;
+        let Some(segment) = index.segments.touch(&segment_key) else {
+            return Ok(None);
+        };
         segment.blocks.retain(|b| *b != key.block);
         if segment.blocks.is_empty() {
             index.segments.remove(&segment_key);
             drop(index);
             let _ = std::fs::remove_file(self.segment_path(key, place.generation));
         }
-        None
+        Ok(None)
     }
 
     /// Forgets every block, and the files of a temporary folder.
@@ -917,22 +1020,59 @@ fn corrupt(what: &str) -> io::Error {
 }
 
 /// A block open for reading: its segment file, where the block starts in it, its size, the
-/// number of its entries.
-struct BlockFile {
-    file: File,
+/// number of its entries, whether its reads may wait.
+struct BlockFile<'f> {
+    file: &'f File,
     base: u64,
     length: u64,
     count: usize,
+    wait: Wait,
 }
 
-/// Opens the block at `place` of the segment file at `path`, which must be the block starting
+/// Fills `buf` from `file` at `offset` only from the operating system's page cache: an error
+/// of kind `WouldBlock` when that would have to wait for the disk (or the file system cannot
+/// tell), `UnexpectedEof` when the file ends first.
+#[cfg(target_os = "linux")]
+fn read_cached(file: &File, mut buf: &mut [u8], mut offset: u64) -> io::Result<()> {
+    use rustix::io::{preadv2, Errno, ReadWriteFlags};
+    while !buf.is_empty() {
+        match preadv2(
+            file,
+            &mut [io::IoSliceMut::new(buf)],
+            offset,
+            ReadWriteFlags::NOWAIT,
+        ) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => {
+                buf = &mut buf[n..];
+                offset += n as u64;
+            }
+            Err(Errno::INTR) => {}
+            // Not in the page cache; or a kernel or file system without RWF_NOWAIT.
+            Err(Errno::AGAIN | Errno::OPNOTSUPP | Errno::NOSYS) => {
+                return Err(io::ErrorKind::WouldBlock.into())
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Elsewhere every read is left to a blocking thread.
+#[cfg(not(target_os = "linux"))]
+fn read_cached(_: &File, _: &mut [u8], _: u64) -> io::Result<()> {
+    Err(io::ErrorKind::WouldBlock.into())
+}
+
+/// Opens the block at `place` of the segment file `file`, which must be the block starting
 /// at seq `first` (see the module docs for the format).
-fn open_block(path: &Path, place: Place, first: u64) -> io::Result<BlockFile> {
+fn open_block(file: &File, place: Place, first: u64, wait: Wait) -> io::Result<BlockFile<'_>> {
     let mut file = BlockFile {
-        file: File::open(path)?,
+        file,
         base: place.offset,
         length: place.size,
         count: 0,
+        wait,
     };
     let fixed = file.read_bytes(0, FIXED as usize)?;
     if &fixed[..8] != MAGIC || u64_at(&fixed, 8) != first {
@@ -963,7 +1103,7 @@ fn record_at(records: &[u8], i: usize) -> io::Result<(u64, OffsetDateTime)> {
     Ok((u64_at(records, at), datetime))
 }
 
-impl BlockFile {
+impl BlockFile<'_> {
     /// Reads `len` bytes at `at` (from the block's start) into a new buffer; an error, before
     /// anything is allocated, when the block is shorter.
     fn read_bytes(&self, at: u64, len: usize) -> io::Result<Vec<u8>> {
@@ -974,20 +1114,22 @@ impl BlockFile {
             return Err(corrupt("offsets beyond the end of the block"));
         }
         let mut bytes = vec![0; len];
-        self.file
-            .read_exact_at(&mut bytes, self.base + at)
-            .map_err(|e| match e.kind() {
-                io::ErrorKind::UnexpectedEof => corrupt("a segment file cut short"),
-                _ => e,
-            })?;
+        let read = match self.wait {
+            Wait::Allowed => self.file.read_exact_at(&mut bytes, self.base + at),
+            Wait::Never => read_cached(self.file, &mut bytes, self.base + at),
+        };
+        read.map_err(|e| match e.kind() {
+            io::ErrorKind::UnexpectedEof => corrupt("a segment file cut short"),
+            _ => e,
+        })?;
         Ok(bytes)
     }
 }
 
-/// Reads the whole block at `place` of the segment file at `path`, which must be the block
+/// Reads the whole block at `place` of the segment file `file`, which must be the block
 /// starting at seq `first`.
-fn read_block(path: &Path, place: Place, first: u64) -> io::Result<Block> {
-    let file = open_block(path, place, first)?;
+fn read_block(file: &File, place: Place, first: u64, wait: Wait) -> io::Result<Block> {
+    let file = open_block(file, place, first, wait)?;
     let count = file.count;
     let records = file.read_bytes(FIXED, count * RECORD as usize)?;
     let mut ends = Vec::with_capacity(count);
@@ -1011,16 +1153,17 @@ fn read_block(path: &Path, place: Place, first: u64) -> io::Result<Block> {
 }
 
 /// Reads entries `entries` (indices within the block, not empty) of the block at `place` of
-/// the segment file at `path`, which must be the block starting at seq `first`: the records
+/// the segment file `file`, which must be the block starting at seq `first`: the records
 /// of the entry before them (where their bytes start), of the first and of the last, then
 /// their bytes.
 fn read_entries(
-    path: &Path,
+    file: &File,
     place: Place,
     first: u64,
     entries: Range<usize>,
+    wait: Wait,
 ) -> io::Result<Entries> {
-    let file = open_block(path, place, first)?;
+    let file = open_block(file, place, first, wait)?;
     let count = file.count;
     if entries.is_empty() || entries.end > count {
         return Err(corrupt("no such entries in the block"));
@@ -1266,20 +1409,20 @@ mod tests {
         files.write(&key(1), &written).unwrap();
         assert!(files.size(&key(1)).is_some());
         for range in [0..1000, 0..1, 999..1000, 1..999, 500..501, 17..640, 1..2] {
-            let read = files.read_entries(&key(1), range.clone()).unwrap();
+            let read = files.entries_waiting(&key(1), range.clone()).unwrap();
             assert_eq!(read.first, BLOCK + 1 + range.start as u64, "{range:?}");
             assert_eq!(read.last, BLOCK + range.end as u64, "{range:?}");
             assert_eq!(&read.bytes[..], written.entries.slice(range.clone()));
             assert_eq!(read.from, written.datetimes[range.start], "{range:?}");
             assert_eq!(read.until, written.datetimes[range.end - 1], "{range:?}");
         }
-        let whole = files.read(&key(1)).unwrap();
+        let whole = files.read_waiting(&key(1)).unwrap();
         assert_eq!(whole.first, BLOCK + 1);
         assert_eq!(whole.entries.bytes, written.entries.bytes);
         assert_eq!(whole.entries.ends, written.entries.ends);
         assert_eq!(whole.datetimes, written.datetimes);
         assert!(
-            files.read_entries(&key(1), 0..1001).is_none(),
+            files.entries_waiting(&key(1), 0..1001).is_none(),
             "no entry 1000"
         );
     }
@@ -1293,7 +1436,7 @@ mod tests {
         let (zero, one) = (files.path(&key(0)).unwrap(), files.path(&key(1)).unwrap());
         // Block 0 in the place of block 1.
         std::fs::copy(&zero, &one).unwrap();
-        assert!(files.read_entries(&key(1), 0..10).is_none());
+        assert!(files.entries_waiting(&key(1), 0..10).is_none());
         assert!(files.size(&key(1)).is_none(), "forgotten");
         assert!(
             !one.exists(),
@@ -1302,7 +1445,7 @@ mod tests {
         // Cut short.
         let file = File::options().write(true).open(&zero).unwrap();
         file.set_len(FIXED + RECORD * BLOCK + 10).unwrap();
-        assert!(files.read_entries(&key(0), 990..1000).is_none());
+        assert!(files.entries_waiting(&key(0), 990..1000).is_none());
         assert!(files.size(&key(0)).is_none(), "forgotten");
         assert!(!zero.exists(), "removed");
         // An entry's end offset far beyond the block: refused before anything is allocated
@@ -1316,9 +1459,9 @@ mod tests {
             file.write_all_at(&(u64::MAX / 2).to_le_bytes(), FIXED + RECORD * (BLOCK - 1))
                 .unwrap();
             let read = if whole {
-                files.read(&key(2)).map(|_| ())
+                files.read_waiting(&key(2)).map(|_| ())
             } else {
-                files.read_entries(&key(2), 990..1000).map(|_| ())
+                files.entries_waiting(&key(2), 990..1000).map(|_| ())
             };
             assert!(read.is_none(), "whole: {whole}");
             assert!(files.size(&key(2)).is_none(), "forgotten");
@@ -1337,11 +1480,11 @@ mod tests {
         let offset = lock(&files.index).blocks[&key(1)].offset;
         let file = File::options().write(true).open(&path).unwrap();
         file.write_all_at(b"NOTPAGES", offset).unwrap();
-        assert!(files.read_entries(&key(1), 0..1).is_none());
+        assert!(files.entries_waiting(&key(1), 0..1).is_none());
         assert!(files.size(&key(1)).is_none(), "forgotten");
         assert!(path.exists(), "the file holds other blocks");
         for n in [0, 2] {
-            let read = files.read(&key(n)).unwrap();
+            let read = files.read_waiting(&key(n)).unwrap();
             assert_eq!(
                 read.entries.bytes,
                 block(n * BLOCK + 1, BLOCK).entries.bytes
@@ -1352,7 +1495,7 @@ mod tests {
             lock(&files.index).blocks[&key(1)].offset > offset,
             "at the end"
         );
-        let read = files.read(&key(1)).unwrap();
+        let read = files.read_waiting(&key(1)).unwrap();
         assert_eq!(read.entries.bytes, block(BLOCK + 1, BLOCK).entries.bytes);
     }
 
@@ -1373,7 +1516,7 @@ mod tests {
         assert!(files.size(&key(1)).is_none(), "1 went");
         assert!(!one.exists(), "and its file");
         for kept in [0, 2] {
-            assert!(files.read_entries(&key(kept), 0..1).is_some());
+            assert!(files.entries_waiting(&key(kept), 0..1).is_some());
         }
         let kept = files.size(&key(0)).unwrap() + files.size(&key(2)).unwrap();
         assert_eq!(lock(&files.index).segments.bytes, kept);
@@ -1389,6 +1532,87 @@ mod tests {
     /// Blocks share a segment file per `segment` consecutive block numbers, whatever the order
     /// they are written in, and even when written at once; the bound drops the segment used
     /// least recently, with all its blocks and its file.
+    /// A read that must not wait is answered from the segment file kept open and the page
+    /// cache, the same bytes as a read that may wait; before the file is open it says it would
+    /// have to wait, and the block stays placed.
+    #[test]
+    fn a_block_read_before_is_read_again_without_waiting() {
+        let files = PageFiles::temporary(FILES_BYTES).unwrap();
+        let written = block(BLOCK + 1, BLOCK);
+        files.write(&key(1), &written).unwrap();
+        assert!(matches!(
+            files.read_entries(&key(1), 0..10, Wait::Never),
+            Err(WouldWait)
+        ));
+        assert!(files.size(&key(1)).is_some(), "still placed");
+        assert!(files.entries_waiting(&key(1), 0..10).is_some());
+        for range in [0..1000, 0..1, 999..1000, 17..640] {
+            let Ok(Some(read)) = files.read_entries(&key(1), range.clone(), Wait::Never) else {
+                panic!("{range:?} not read from the open file and the page cache");
+            };
+            assert_eq!(read.first, BLOCK + 1 + range.start as u64);
+            assert_eq!(&read.bytes[..], written.entries.slice(range.clone()));
+            assert_eq!(read.from, written.datetimes[range.start]);
+            assert_eq!(read.until, written.datetimes[range.end - 1]);
+        }
+        let Ok(Some(whole)) = files.read(&key(1), Wait::Never) else {
+            panic!("the whole block not read without waiting");
+        };
+        assert_eq!(whole.entries.bytes, written.entries.bytes);
+        assert_eq!(whole.datetimes, written.datetimes);
+        // A block written later into the same segment is read through the same open file.
+        let later = block(2 * BLOCK + 1, BLOCK);
+        files.write(&key(2), &later).unwrap();
+        let Ok(Some(read)) = files.read_entries(&key(2), 0..1000, Wait::Never) else {
+            panic!("a later block of the open segment not read without waiting");
+        };
+        assert_eq!(&read.bytes[..], later.entries.slice(0..1000));
+        // Damage found by a read that must not wait forgets the block, as any other read.
+        let path = files.path(&key(1)).unwrap();
+        let offset = lock(&files.index).blocks[&key(1)].offset;
+        File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .write_all_at(b"NOTPAGES", offset)
+            .unwrap();
+        assert!(matches!(
+            files.read_entries(&key(1), 0..1, Wait::Never),
+            Ok(None)
+        ));
+        assert!(files.size(&key(1)).is_none(), "forgotten");
+    }
+
+    /// A segment dropped by the bound takes its open file with it: the same blocks written
+    /// again go to a new file, and reads give the new file's bytes, never the old one's.
+    #[test]
+    fn a_segment_written_again_is_read_from_its_new_file() {
+        let size = block_size_on_disk();
+        let files = PageFiles::temporary(size + size / 2)
+            .unwrap()
+            .with_segment(1);
+        files.write(&key(0), &block(1, BLOCK)).unwrap();
+        assert!(files.entries_waiting(&key(0), 0..1).is_some());
+        let old = files.path(&key(0)).unwrap();
+        files.write(&key(1), &block(BLOCK + 1, BLOCK)).unwrap();
+        assert!(files.size(&key(0)).is_none(), "dropped by the bound");
+        assert!(!old.exists());
+        // Block 0 again, with other datetimes (other bytes in the header).
+        let mut changes = changes(1, BLOCK);
+        for change in &mut changes {
+            change.datetime += time::Duration::seconds(1);
+        }
+        let again = Block::render(&changes).unwrap();
+        files.write(&key(0), &again).unwrap();
+        assert_ne!(files.path(&key(0)).unwrap(), old);
+        for wait in [Wait::Allowed, Wait::Never] {
+            let Ok(Some(read)) = files.read_entries(&key(0), 0..1, wait) else {
+                panic!("block 0 not read ({wait:?})");
+            };
+            assert_eq!(read.from, again.datetimes[0], "{wait:?}");
+        }
+    }
+
     #[test]
     fn blocks_share_segment_files_and_leave_with_them() {
         let size = block_size_on_disk();
@@ -1411,7 +1635,7 @@ mod tests {
         let bytes = |blocks: &[u64]| blocks.iter().map(|n| files.size(&key(*n)).unwrap()).sum();
         let all: u64 = bytes(&[0, 1, 2, 3, 4, 5, 6, 7]);
         for n in [4, 5, 6, 7, 0, 1, 2, 3] {
-            let read = files.read(&key(n)).unwrap();
+            let read = files.read_waiting(&key(n)).unwrap();
             assert_eq!(read.first, n * BLOCK + 1);
             assert_eq!(
                 read.entries.bytes,
@@ -1430,7 +1654,7 @@ mod tests {
         assert!(!one.exists(), "with its file");
         for n in [0, 1, 2, 3, 8] {
             assert!(
-                files.read_entries(&key(n), 0..1).is_some(),
+                files.entries_waiting(&key(n), 0..1).is_some(),
                 "block {n} kept"
             );
         }
@@ -1456,7 +1680,7 @@ mod tests {
         files.fill(&key(0), place, &[b"the block"]).unwrap();
         assert!(files.size(&key(0)).is_none(), "not kept");
         assert!(!path.exists(), "no file left");
-        assert!(files.read(&key(1)).is_some());
+        assert!(files.read_waiting(&key(1)).is_some());
     }
 
     #[test]
@@ -1508,7 +1732,7 @@ mod tests {
         cache.published("e", &recent[..1], &recent[0]);
         cache.published("e", &recent[..2], &recent[1]);
         assert!(written(&files, &key(0)).await);
-        let read = files.read(&key(0)).unwrap();
+        let read = files.read_waiting(&key(0)).unwrap();
         assert_eq!(read.entries.bytes, block(1, BLOCK).entries.bytes);
         // Block 1 completes with a notification whose first part is no longer in `recent`:
         // left to its first miss.
