@@ -25,7 +25,7 @@
 //!   the operating system's page cache does the caching, not the hub's memory. A segment
 //!   keeps its file open once read, and a read that costs no wait (that file open, its bytes
 //!   in the page cache) is made on the caller's thread; any other on a blocking thread
-//!   ([`Wait`]).
+//!   (`Wait`).
 //!
 //! What a page takes from a block is [`Entries`]: its bytes as [`Bytes`] that share the
 //! block's memory, or that the file was read into, so that a page is sent as its header and
@@ -406,7 +406,7 @@ impl PageCache {
     /// block, not empty), from its file if there is one. The whole block is read when memory
     /// has room for it, and kept there. Read on the caller's thread when the page cache of the
     /// operating system holds the bytes and the segment file is open, else on a blocking
-    /// thread (see [`Wait`]).
+    /// thread (see `Wait`).
     pub async fn read(
         &self,
         channel: &str,
