@@ -264,16 +264,13 @@ impl Request {
 
     /// Its changes as the log holds them when the append script stored every entry as sent,
     /// numbered from `first`: what [`decode_entry`] reads from those entries.
-    pub(super) fn into_changes(self, first: u64) -> Result<Vec<Change>, StoreError> {
-        let starts = std::iter::once(0).chain(self.ends.iter().copied());
-        let bounds = starts.zip(self.ends.iter().copied());
+    pub(super) fn into_changes(mut self, first: u64) -> Result<Vec<Change>, StoreError> {
+        let changes = std::mem::take(&mut self.changes);
         (first..)
-            .zip(self.changes)
-            .zip(bounds)
-            .map(|((seq, new), (start, end))| {
-                // As decode_entry reads it, the change as sent standing for its JSON.
-                entry_change(seq, &self.entries[start..end], |_| Ok(new))
-            })
+            .zip(changes)
+            .zip(self.entries())
+            // As decode_entry reads the entry, the change as sent standing for its JSON.
+            .map(|((seq, new), entry)| entry_change(seq, entry, |_| Ok(new)))
             .collect()
     }
 
