@@ -1172,18 +1172,26 @@ struct Documents {
 
 /// Appends changes in 1,000-change requests, 8 at a time, until the head is `to`; returns
 /// the last request's body.
+/// Appends changes `from`..`to` to `bench` in 1,000-change requests, 8 at a time, and
+/// returns the body of the request that got the highest seqs: with 8 in flight, the request
+/// sent last is not always appended last, so its changes need not be the newest.
 async fn fill(hub: &Hub, from: u64, to: u64) -> Bytes {
-    let mut last_body = Bytes::new();
-    futures_util::stream::iter((from..to).step_by(1000))
+    let mut newest = (0, Bytes::new());
+    let mut answers = futures_util::stream::iter((from..to).step_by(1000))
         .map(|start| {
             let body = changes_body((to - start).min(1000) as usize);
-            last_body = body.clone();
-            hub.post_changes("bench", body)
+            async move {
+                let (_, last) = hub.post_changes("bench", body.clone()).await;
+                (last, body)
+            }
         })
-        .buffer_unordered(8)
-        .for_each(|_| async {})
-        .await;
-    last_body
+        .buffer_unordered(8);
+    while let Some((last, body)) = answers.next().await {
+        if last >= newest.0 {
+            newest = (last, body);
+        }
+    }
+    newest.1
 }
 
 async fn static_pair(
