@@ -143,6 +143,13 @@ pub async fn run(
     let metrics = crate::telemetry::install();
     let store = open_store(&config)?;
     let hub = Hub::start(config.clone(), store).await?;
+    if let Some(handle) = &metrics {
+        hub.work.tasks.spawn(crate::telemetry::fold_histograms(
+            handle.clone(),
+            crate::telemetry::FOLD_EVERY,
+            hub.work.drain.clone(),
+        ));
+    }
     // `stopping` fires when `shutdown` completes: the server stops accepting, and websockets
     // and event streams end.
     let stopping = CancellationToken::new();
