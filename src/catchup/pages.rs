@@ -1468,6 +1468,15 @@ mod tests {
         }
     }
 
+    /// Overwrites the magic number of the block of `key` in its segment file; the file's path.
+    fn damage_magic(files: &PageFiles, key: &Key) -> PathBuf {
+        let path = files.path(key).unwrap();
+        let offset = lock(&files.index).blocks[key].offset;
+        let file = File::options().write(true).open(&path).unwrap();
+        file.write_all_at(b"NOTPAGES", offset).unwrap();
+        path
+    }
+
     /// A damaged block in a segment file is forgotten alone: the others of the file are still
     /// read, and the block is written again at the file's end.
     #[test]
@@ -1476,10 +1485,8 @@ mod tests {
         for n in 0..3 {
             files.write(&key(n), &block(n * BLOCK + 1, BLOCK)).unwrap();
         }
-        let path = files.path(&key(1)).unwrap();
         let offset = lock(&files.index).blocks[&key(1)].offset;
-        let file = File::options().write(true).open(&path).unwrap();
-        file.write_all_at(b"NOTPAGES", offset).unwrap();
+        let path = damage_magic(&files, &key(1));
         assert!(files.entries_waiting(&key(1), 0..1).is_none());
         assert!(files.size(&key(1)).is_none(), "forgotten");
         assert!(path.exists(), "the file holds other blocks");
@@ -1529,9 +1536,6 @@ mod tests {
         );
     }
 
-    /// Blocks share a segment file per `segment` consecutive block numbers, whatever the order
-    /// they are written in, and even when written at once; the bound drops the segment used
-    /// least recently, with all its blocks and its file.
     /// A read that must not wait is answered from the segment file kept open and the page
     /// cache, the same bytes as a read that may wait; before the file is open it says it would
     /// have to wait, and the block stays placed.
@@ -1568,14 +1572,7 @@ mod tests {
         };
         assert_eq!(&read.bytes[..], later.entries.slice(0..1000));
         // Damage found by a read that must not wait forgets the block, as any other read.
-        let path = files.path(&key(1)).unwrap();
-        let offset = lock(&files.index).blocks[&key(1)].offset;
-        File::options()
-            .write(true)
-            .open(&path)
-            .unwrap()
-            .write_all_at(b"NOTPAGES", offset)
-            .unwrap();
+        damage_magic(&files, &key(1));
         assert!(matches!(
             files.read_entries(&key(1), 0..1, Wait::Never),
             Ok(None)
@@ -1613,6 +1610,9 @@ mod tests {
         }
     }
 
+    /// Blocks share a segment file per `segment` consecutive block numbers, whatever the order
+    /// they are written in, and even when written at once; the bound drops the segment used
+    /// least recently, with all its blocks and its file.
     #[test]
     fn blocks_share_segment_files_and_leave_with_them() {
         let size = block_size_on_disk();
