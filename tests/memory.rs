@@ -67,14 +67,19 @@ async fn recorded_histogram_values_are_let_go_without_a_scrape() {
     hub.push("warm", 1).await;
     let before = live();
     // What a million appends record (ingest records each one's time in this histogram).
+    // The most held is read as they are recorded: the hub folds them every second, so on a
+    // slow machine some may be let go before the last is recorded.
     const VALUES: usize = 1_000_000;
-    for _ in 0..VALUES {
+    let mut held = 0;
+    for i in 0..VALUES {
         metrics::histogram!("changehub_store_append_seconds").record(0.001);
+        if i % 10_000 == 0 {
+            held = held.max(live() - before);
+        }
     }
-    let held = live() - before;
     assert!(
         held > 4 * MIB,
-        "the values should be held until they are folded: {held} bytes"
+        "the values should be held until they are folded: {held} bytes at most"
     );
     // Traffic goes on meanwhile, as in a hub at work: the exporter frees the blocks of folded
     // values through epoch-based reclamation, which runs as values are recorded (an idle
