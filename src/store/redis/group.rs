@@ -276,6 +276,12 @@ async fn call(appends: &Appends, channel: &str, batch: Vec<Waiting>) {
     };
     let requests: Vec<&Request> = batch.iter().map(|w| &w.request).collect();
     let call = append_call(&appends.script, channel, &requests);
+    // Reads that find nothing held wait for this call to end when it may keep changes: the
+    // head can move before its answer is in (recent.rs). Ends when dropped, after the keep.
+    let _running = requests
+        .iter()
+        .any(|r| r.len() >= KEEP_FROM)
+        .then(|| appends.recent.begin(channel));
     let mut conn = appends.conn.clone();
     let answer: Result<Answer, StoreError> = write_until(
         deadline,
@@ -293,7 +299,15 @@ async fn call(appends: &Appends, channel: &str, batch: Vec<Waiting>) {
     };
     // The changes stored as sent are kept before the head moves: the batcher reads them as
     // soon as it does.
-    let mut kept = Vec::new();
+    let mut kept = Vec::with_capacity(if epoch.is_some() {
+        batch
+            .iter()
+            .map(|w| w.request.len())
+            .filter(|&n| n >= KEEP_FROM)
+            .sum()
+    } else {
+        0
+    });
     let mut replies = Vec::with_capacity(batch.len());
     for (i, (w, o)) in batch.into_iter().zip(outcomes).enumerate() {
         // (The script answers 0 for a replay or a conflict.)

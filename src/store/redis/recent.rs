@@ -17,10 +17,21 @@
 //! - At most [`MAX_HELD`] changes are held across channels; the ones appended longest ago go
 //!   first (those of an instance that appends to a channel another instance batches, say).
 //!
-//! Only requests of 100 changes or more are held (`group.rs` says why).
+//! - A range the batcher reads right after a call of this instance appended it is not missed
+//!   for want of waiting: the head can move before the call's answer is in (the script's head
+//!   message reaches the listener first, or a later call ends first), and a read that finds
+//!   nothing held at its first seq waits for the calls that may keep changes and were running
+//!   then ([`Recent::begin`], [`Recent::take_from_after_calls`]) — never for later ones, and
+//!   never past [`WAIT_MOST`].
+//!
+//! Only requests of 100 changes or more are held (`group.rs` says why). They are held as runs
+//! of consecutive seqs, one `VecDeque` each: taking a range moves its changes out, front first,
+//! without a search per change.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Mutex;
+use std::time::Duration;
+use tokio::sync::Notify;
 
 use crate::model::Change;
 
@@ -28,10 +39,16 @@ use crate::model::Change;
 /// at a few hundred bytes a change (an estimate, not measured), about 3 MiB.
 pub(super) const MAX_HELD: usize = 8192;
 
+/// The longest a read waits for the calls that were running when it found nothing held (a
+/// call ends by its own deadline sooner or later; this bounds the wait should one not).
+pub(super) const WAIT_MOST: Duration = Duration::from_millis(500);
+
 /// The changes of large requests appended last by this instance (see the module docs).
 #[derive(Default)]
 pub(super) struct Recent {
     inner: Mutex<Inner>,
+    /// Told whenever a call that may keep changes ends.
+    ended: Notify,
 }
 
 #[derive(Default)]
@@ -41,17 +58,62 @@ struct Inner {
     runs: VecDeque<(String, u64, u64)>,
     /// Changes held across channels.
     held: usize,
+    /// The calls running that may keep changes, by channel: their tickets, in the order they
+    /// began.
+    calls: HashMap<String, BTreeSet<u64>>,
+    next_ticket: u64,
 }
 
-/// The changes held of one channel, all of one epoch, by seq.
+/// The changes held of one channel, all of one epoch: runs of consecutive seqs, by their first.
 struct Held {
     epoch: String,
-    changes: BTreeMap<u64, Change>,
+    runs: BTreeMap<u64, VecDeque<Change>>,
+}
+
+/// A call that may keep changes, running (see [`Recent::begin`]); its end is told when it is
+/// dropped.
+pub(super) struct Call<'a> {
+    recent: &'a Recent,
+    channel: String,
+    ticket: u64,
+}
+
+impl Drop for Call<'_> {
+    fn drop(&mut self) {
+        {
+            let mut inner = self.recent.inner();
+            if let Some(tickets) = inner.calls.get_mut(&self.channel) {
+                tickets.remove(&self.ticket);
+                if tickets.is_empty() {
+                    inner.calls.remove(&self.channel);
+                }
+            }
+        }
+        self.recent.ended.notify_waiters();
+    }
 }
 
 impl Recent {
     fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Marks a call to `channel` that may keep changes as running, until the [`Call`] is
+    /// dropped (after its [`keep`](Recent::keep)).
+    pub(super) fn begin(&self, channel: &str) -> Call<'_> {
+        let mut inner = self.inner();
+        let ticket = inner.next_ticket;
+        inner.next_ticket += 1;
+        inner
+            .calls
+            .entry(channel.to_string())
+            .or_default()
+            .insert(ticket);
+        Call {
+            recent: self,
+            channel: channel.to_string(),
+            ticket,
+        }
     }
 
     /// Holds `changes` (in seq order), appended to `channel` in `epoch`. Those held of another
@@ -68,21 +130,18 @@ impl Recent {
             .entry(channel.to_string())
             .or_insert_with(|| Held {
                 epoch: epoch.to_string(),
-                changes: BTreeMap::new(),
+                runs: BTreeMap::new(),
             });
-        if held.epoch != epoch {
-            inner.held -= held.changes.len();
-            held.changes.clear();
-            held.epoch = epoch.to_string();
-        }
-        for change in changes {
-            if held.changes.insert(change.seq, change).is_none() {
-                inner.held += 1;
-            }
-        }
-        inner.runs.push_back(run);
         // Dropped once the lock is let go.
         let mut gone = Vec::new();
+        if held.epoch != epoch {
+            inner.held -= held.len();
+            gone.extend(std::mem::take(&mut held.runs).into_values());
+            held.epoch = epoch.to_string();
+        }
+        inner.held += changes.len();
+        held.insert(changes);
+        inner.runs.push_back(run);
         // A run whose changes were taken or went with an old epoch counts for nothing: runs
         // are bounded too.
         while inner.held > MAX_HELD || inner.runs.len() > MAX_HELD {
@@ -90,11 +149,15 @@ impl Recent {
                 break;
             };
             if let Some(held) = inner.channels.get_mut(&channel) {
-                // The run's seqs still held (a run is at most one script call's).
-                let seqs: Vec<u64> = held.changes.range(first..=last).map(|(s, _)| *s).collect();
-                gone.extend(seqs.iter().filter_map(|seq| held.changes.remove(seq)));
-                inner.held -= seqs.len();
-                if held.changes.is_empty() {
+                // What is still held of a keep's changes lies in runs that begin within them.
+                let starts: Vec<u64> = held.runs.range(first..=last).map(|(s, _)| *s).collect();
+                for start in starts {
+                    if let Some(run) = held.runs.remove(&start) {
+                        inner.held -= run.len();
+                        gone.push(run);
+                    }
+                }
+                if held.runs.is_empty() {
                     inner.channels.remove(&channel);
                 }
             }
@@ -103,33 +166,128 @@ impl Recent {
         drop(gone);
     }
 
-    /// Takes the changes of `channel` held from `from` on, up to `upto` at most (they stop
-    /// where one is not held), with the epoch they were appended in; none when `from` is not
-    /// held. They are read once: the batcher reads each new range once, and a second read of
-    /// it (a catch-up request) reads the log.
-    pub(super) fn take_from(
+    /// [`Inner::take_from`], without waiting.
+    #[cfg(test)]
+    fn take_from(&self, channel: &str, from: u64, upto: u64) -> Option<(String, Vec<Change>)> {
+        self.inner().take_from(channel, from, upto)
+    }
+
+    /// Takes the changes of `channel` held from `from` on ([`Inner::take_from`]); but when
+    /// nothing is held at `from`, first waits for the calls to `channel` that may keep changes
+    /// and are running now to end (at most [`WAIT_MOST`]), then takes what they kept.
+    pub(super) async fn take_from_after_calls(
         &self,
         channel: &str,
         from: u64,
         upto: u64,
     ) -> Option<(String, Vec<Change>)> {
-        let mut guard = self.inner();
-        let inner = &mut *guard;
-        let held = inner.channels.get_mut(channel)?;
+        let deadline = tokio::time::Instant::now() + WAIT_MOST;
+        // The newest ticket running when nothing was found first.
+        let mut newest = None;
+        loop {
+            let ended = self.ended.notified();
+            tokio::pin!(ended);
+            // From here on, an end is not missed.
+            ended.as_mut().enable();
+            {
+                let mut inner = self.inner();
+                if let Some(taken) = inner.take_from(channel, from, upto) {
+                    return Some(taken);
+                }
+                let running = inner.calls.get(channel);
+                let newest = *newest
+                    .get_or_insert_with(|| running.and_then(|t| t.last().copied()).unwrap_or(0));
+                let waited_for = running
+                    .and_then(|t| t.first())
+                    .is_some_and(|&oldest| oldest <= newest);
+                if !waited_for {
+                    return None;
+                }
+            }
+            if tokio::time::timeout_at(deadline, ended).await.is_err() {
+                return None;
+            }
+        }
+    }
+}
+
+impl Inner {
+    /// Takes the changes of `channel` held from `from` on, up to `upto` at most (they stop
+    /// where one is not held), with the epoch they were appended in; none when `from` is not
+    /// held. They are read once: the batcher reads each new range once, and a second read of
+    /// it (a catch-up request) reads the log.
+    fn take_from(&mut self, channel: &str, from: u64, upto: u64) -> Option<(String, Vec<Change>)> {
+        let held = self.channels.get_mut(channel)?;
         let mut out = Vec::new();
         let mut next = from;
         while next <= upto {
-            let Some(change) = held.changes.remove(&next) else {
+            // The run that holds `next`, if any.
+            let Some((&first, run)) = held.runs.range(..=next).next_back() else {
                 break;
             };
-            out.push(change);
-            next += 1;
+            if next - first >= run.len() as u64 {
+                break;
+            }
+            let Some(mut run) = held.runs.remove(&first) else {
+                break;
+            };
+            if next > first {
+                // What comes before `next` stays held.
+                let rest = run.split_off((next - first) as usize);
+                held.runs.insert(first, run);
+                run = rest;
+            }
+            let wanted = usize::try_from((upto - next).saturating_add(1)).unwrap_or(usize::MAX);
+            if run.len() > wanted {
+                out.extend(run.drain(..wanted));
+                held.runs.insert(next + wanted as u64, run);
+                break;
+            }
+            next += run.len() as u64;
+            out.extend(run);
         }
         if out.is_empty() {
             return None;
         }
-        inner.held -= out.len();
-        Some((held.epoch.clone(), out))
+        self.held -= out.len();
+        let epoch = held.epoch.clone();
+        if held.runs.is_empty() {
+            self.channels.remove(channel);
+        }
+        Some((epoch, out))
+    }
+}
+
+impl Held {
+    fn len(&self) -> usize {
+        self.runs.values().map(VecDeque::len).sum()
+    }
+
+    /// Adds `changes` (in seq order, none held already), one run per stretch of consecutive
+    /// seqs (a replayed request leaves a gap).
+    fn insert(&mut self, changes: Vec<Change>) {
+        let consecutive = changes
+            .windows(2)
+            .all(|pair| pair[1].seq == pair[0].seq + 1);
+        if consecutive {
+            if let Some(first) = changes.first().map(|c| c.seq) {
+                self.runs.insert(first, VecDeque::from(changes));
+            }
+            return;
+        }
+        let mut run: VecDeque<Change> = VecDeque::new();
+        for change in changes {
+            if run.back().is_some_and(|last| last.seq + 1 != change.seq) {
+                let done = std::mem::take(&mut run);
+                if let Some(first) = done.front().map(|c| c.seq) {
+                    self.runs.insert(first, done);
+                }
+            }
+            run.push_back(change);
+        }
+        if let Some(first) = run.front().map(|c| c.seq) {
+            self.runs.insert(first, run);
+        }
     }
 }
 
@@ -176,6 +334,94 @@ mod tests {
         assert!(recent.take_from("d", 1, 1).is_none(), "another channel");
         // Left: 1, 5..=8, 13..=15.
         assert_eq!(recent.inner().held, 8);
+    }
+
+    #[test]
+    fn a_range_taken_from_within_a_run_leaves_the_rest_of_it_held() {
+        let recent = Recent::default();
+        recent.keep("c", "e1", run(1, 10));
+        assert_eq!(
+            seqs(recent.take_from("c", 4, 6)).map(|s| s.1),
+            Some(vec![4, 5, 6])
+        );
+        assert_eq!(
+            seqs(recent.take_from("c", 1, 2)).map(|s| s.1),
+            Some(vec![1, 2])
+        );
+        assert_eq!(
+            seqs(recent.take_from("c", 3, 100)).map(|s| s.1),
+            Some(vec![3])
+        );
+        assert_eq!(
+            seqs(recent.take_from("c", 7, 100)).map(|s| s.1),
+            Some(vec![7, 8, 9, 10])
+        );
+        assert_eq!(recent.inner().held, 0);
+        assert!(recent.inner().channels.is_empty());
+    }
+
+    #[test]
+    fn changes_kept_with_a_gap_are_taken_up_to_it() {
+        let recent = Recent::default();
+        // A call whose middle request was a replay: 1..=3 and 6..=7 stored as sent.
+        let mut changes = run(1, 3);
+        changes.extend(run(6, 2));
+        recent.keep("c", "e1", changes);
+        assert_eq!(
+            seqs(recent.take_from("c", 1, 7)).map(|s| s.1),
+            Some(vec![1, 2, 3])
+        );
+        assert!(recent.take_from("c", 4, 7).is_none());
+        assert_eq!(
+            seqs(recent.take_from("c", 6, 7)).map(|s| s.1),
+            Some(vec![6, 7])
+        );
+    }
+
+    #[tokio::test]
+    async fn a_read_that_finds_nothing_held_waits_for_the_calls_running_then() {
+        let recent = std::sync::Arc::new(Recent::default());
+        // Nothing held and no call running: no wait.
+        assert!(recent.take_from_after_calls("c", 1, 10).await.is_none());
+        // A call runs; the head has moved already (its answer is not in yet).
+        let call = recent.begin("c");
+        let read = {
+            let recent = recent.clone();
+            tokio::spawn(async move { seqs(recent.take_from_after_calls("c", 1, 10).await) })
+        };
+        tokio::task::yield_now().await;
+        assert!(!read.is_finished());
+        recent.keep("c", "e1", run(1, 5));
+        drop(call);
+        let got = tokio::time::timeout(WAIT_MOST / 2, read)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(got, Some(("e1".into(), vec![1, 2, 3, 4, 5])));
+    }
+
+    #[tokio::test]
+    async fn a_read_does_not_wait_for_calls_begun_after_it_or_past_the_bound() {
+        let recent = std::sync::Arc::new(Recent::default());
+        let first = recent.begin("c");
+        let read = {
+            let recent = recent.clone();
+            tokio::spawn(async move { recent.take_from_after_calls("c", 1, 10).await.is_none() })
+        };
+        tokio::task::yield_now().await;
+        // A later call begins, then the first ends without keeping anything: the read gives up
+        // at once, whatever the later one will do.
+        let _later = recent.begin("c");
+        drop(first);
+        let started = tokio::time::Instant::now();
+        assert!(read.await.unwrap());
+        assert!(started.elapsed() < WAIT_MOST);
+        // A call that never ends holds a read back for WAIT_MOST at most.
+        let started = tokio::time::Instant::now();
+        assert!(recent.take_from_after_calls("c", 1, 10).await.is_none());
+        assert!(started.elapsed() >= WAIT_MOST);
+        // Calls of another channel are not waited for.
+        assert!(recent.take_from_after_calls("d", 1, 10).await.is_none());
     }
 
     #[test]
