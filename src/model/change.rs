@@ -337,7 +337,8 @@ fn check_uri(uri: &str) -> Result<(), String> {
 
 /// The first check of [`check_uri_fully`].
 fn check_uri_length(uri: &str) -> Result<(), String> {
-    if uri.chars().count() > MAX_URI_LEN {
+    // No more characters than bytes: most URIs need no count.
+    if uri.len() > MAX_URI_LEN && uri.chars().count() > MAX_URI_LEN {
         return Err(format!("longer than {MAX_URI_LEN} characters"));
     }
     Ok(())
@@ -345,7 +346,13 @@ fn check_uri_length(uri: &str) -> Result<(), String> {
 
 /// The last check of [`check_uri_fully`].
 fn check_uri_characters(uri: &str) -> Result<(), String> {
-    if uri.chars().any(|c| c.is_control() || c.is_whitespace()) {
+    // In ASCII, the controls and whitespace are the bytes up to the space, and DEL.
+    let bad = if uri.is_ascii() {
+        uri.bytes().any(|b| b <= b' ' || b == 0x7f)
+    } else {
+        uri.chars().any(|c| c.is_control() || c.is_whitespace())
+    };
+    if bad {
         return Err("contains whitespace or control characters".into());
     }
     Ok(())
@@ -373,7 +380,13 @@ fn check_text(s: &str) -> Result<(), String> {
     if s.len() > MAX_ATTR_LEN {
         return Err(format!("longer than {MAX_ATTR_LEN} bytes"));
     }
-    if s.chars().any(|c| c.is_control()) {
+    // In ASCII, the controls are the bytes below the space, and DEL.
+    let bad = if s.is_ascii() {
+        s.bytes().any(|b| b < b' ' || b == 0x7f)
+    } else {
+        s.chars().any(char::is_control)
+    };
+    if bad {
         return Err("contains control characters".into());
     }
     Ok(())
@@ -385,16 +398,22 @@ fn check_hash(s: &str) -> Result<(), String> {
     if s.trim().is_empty() {
         return Err("is empty".into());
     }
-    for token in s.split_whitespace() {
+    let check = |token: &str| {
         let Some((alg, digest)) = token.split_once(':') else {
             return Err(format!("{token:?} is not algorithm:digest"));
         };
-        let alg_ok = !alg.is_empty() && alg.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
-        if !alg_ok || digest.is_empty() || !digest.chars().all(|c| c.is_ascii_hexdigit()) {
+        let alg_ok = !alg.is_empty() && alg.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+        if !alg_ok || digest.is_empty() || !digest.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(format!("{token:?} is not algorithm:hexdigest"));
         }
+        Ok(())
+    };
+    if s.is_ascii() {
+        // Past `check_text`, the space is the only whitespace left in ASCII.
+        s.split(' ').filter(|t| !t.is_empty()).try_for_each(check)
+    } else {
+        s.split_whitespace().try_for_each(check)
     }
-    Ok(())
 }
 
 fn is_xml_name(s: &str) -> bool {
@@ -481,6 +500,46 @@ pub fn write_datetime(dt: OffsetDateTime, out: &mut Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The checks' ASCII shortcuts refuse exactly what the checks by character refuse, for
+    /// every ASCII byte, alone and next to a character that is not ASCII.
+    #[test]
+    fn the_ascii_shortcuts_of_the_checks_agree_with_the_checks_by_character() {
+        for b in 0u8..=127 {
+            let c = char::from(b);
+            for text in [
+                format!("http://example.com/a{c}b"),
+                format!("http://é.example/{c}"),
+            ] {
+                let by_char = text.chars().any(|c| c.is_control() || c.is_whitespace());
+                assert_eq!(check_uri_characters(&text).is_err(), by_char, "{b:#x}");
+                let by_char = text.chars().any(char::is_control);
+                assert_eq!(check_text(&text).is_err(), by_char, "{b:#x}");
+            }
+            for hash in [
+                format!("md5:0a{c}1f sha-1:ff"),
+                format!("md5:0a{c}\u{a0}sha-1:ff"),
+            ] {
+                let by_token = check_text(&hash).is_ok()
+                    && hash.split_whitespace().all(|t| {
+                        t.split_once(':').is_some_and(|(alg, digest)| {
+                            !alg.is_empty()
+                                && alg.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+                                && !digest.is_empty()
+                                && digest.chars().all(|c| c.is_ascii_hexdigit())
+                        })
+                    });
+                assert_eq!(check_hash(&hash).is_ok(), by_token, "{b:#x} in {hash:?}");
+            }
+        }
+        let long = format!("http://example.com/{}", "é".repeat(MAX_URI_LEN / 2));
+        assert!(
+            check_uri_length(&long).is_ok(),
+            "characters count, not bytes"
+        );
+        let longer = format!("http://example.com/{}", "é".repeat(MAX_URI_LEN));
+        assert!(check_uri_length(&longer).is_err());
+    }
 
     #[test]
     fn datetimes_beyond_year_9999_in_utc_are_refused() {
