@@ -16,7 +16,6 @@
 //!   read of it reads the log.
 //! - At most [`MAX_HELD`] changes are held across channels; the ones appended longest ago go
 //!   first (those of an instance that appends to a channel another instance batches, say).
-//!
 //! - A range the batcher reads right after a call of this instance appended it is not missed
 //!   for want of waiting: the head can move before the call's answer is in (the script's head
 //!   message reaches the listener first, or a later call ends first), and a read that finds
