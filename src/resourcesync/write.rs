@@ -619,6 +619,11 @@ pub(crate) fn escape_into(buf: &mut Vec<u8>, s: &str) {
     let mut i = 0;
     while i < bytes.len() {
         let b = bytes[i];
+        // Most bytes are copied as they are: one look in a table, not the match below.
+        if !SPECIAL[usize::from(b)] {
+            i += 1;
+            continue;
+        }
         let (replacement, len): (&[u8], usize) = match b {
             b'&' => (b"&amp;", 1),
             b'<' => (b"&lt;", 1),
@@ -648,6 +653,24 @@ pub(crate) fn escape_into(buf: &mut Vec<u8>, s: &str) {
     buf.extend_from_slice(&bytes[copied..]);
 }
 
+/// The bytes [`escape_into`] looks at: the markup characters, the C0 controls, and 0xEF (the
+/// first byte of U+FFFE and U+FFFF).
+const SPECIAL: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 0x20 {
+        table[b] = true;
+        b += 1;
+    }
+    table[b'&' as usize] = true;
+    table[b'<' as usize] = true;
+    table[b'>' as usize] = true;
+    table[b'"' as usize] = true;
+    table[b'\'' as usize] = true;
+    table[0xEF] = true;
+    table
+};
+
 fn push_u64(buf: &mut Vec<u8>, mut n: u64) {
     let mut digits = [0u8; 20];
     let mut at = digits.len();
@@ -660,4 +683,43 @@ fn push_u64(buf: &mut Vec<u8>, mut n: u64) {
         }
     }
     buf.extend_from_slice(&digits[at..]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `escape_into` writes for one character, by its definition.
+    fn escaped(c: char) -> String {
+        match c {
+            '&' => "&amp;".into(),
+            '<' => "&lt;".into(),
+            '>' => "&gt;".into(),
+            '"' => "&quot;".into(),
+            '\'' => "&apos;".into(),
+            '\t' => "&#9;".into(),
+            '\n' => "&#10;".into(),
+            '\r' => "&#13;".into(),
+            '\u{0}'..='\u{1f}' | '\u{fffe}' | '\u{ffff}' => "\u{fffd}".into(),
+            c => c.to_string(),
+        }
+    }
+
+    /// Every ASCII character, and characters whose UTF-8 begins with 0xEF or holds 0xBF,
+    /// each alone and between others, come out as their definition says.
+    #[test]
+    fn escaping_writes_each_character_as_defined() {
+        let mut chars: Vec<char> = (0u8..=127).map(char::from).collect();
+        chars.extend([
+            '\u{fffd}', '\u{fffe}', '\u{ffff}', '\u{f000}', '\u{ffbf}', 'é', '€',
+        ]);
+        for &c in &chars {
+            for text in [c.to_string(), format!("a{c}b"), format!("{c}{c}\u{fffe}x")] {
+                let mut buf = b"<".to_vec();
+                escape_into(&mut buf, &text);
+                let want: String = text.chars().map(escaped).collect();
+                assert_eq!(std::str::from_utf8(&buf[1..]).unwrap(), want, "{text:?}");
+            }
+        }
+    }
 }
