@@ -20,6 +20,13 @@ use crate::store::{ClusterEvent, StoreError};
 /// The newest seq of each channel this process follows, as a watch per channel.
 pub(super) type Heads = Arc<Mutex<HashMap<String, watch::Sender<u64>>>>;
 
+/// The head of `channel` as this process knows it (0 when it follows no such channel): at or
+/// below the channel's `last` in Redis.
+pub(super) fn known_head(heads: &Heads, channel: &str) -> u64 {
+    let heads = heads.lock().unwrap_or_else(|e| e.into_inner());
+    heads.get(channel).map_or(0, |tx| *tx.borrow())
+}
+
 /// Raises a head watch to `last` (heads never go back).
 pub(super) fn raise(heads: &Heads, channel: &str, last: u64) {
     let mut heads = heads.lock().unwrap_or_else(|e| e.into_inner());

@@ -29,7 +29,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::conn::Conn;
-use super::events::{raise, Heads};
+use super::events::{known_head, raise, Heads};
 use super::log::{append_call, outcome, run_script, Answer, Request};
 use super::recent::Recent;
 use super::{count_errors, write_until, OP_TIMEOUT};
@@ -278,10 +278,11 @@ async fn call(appends: &Appends, channel: &str, batch: Vec<Waiting>) {
     let call = append_call(&appends.script, channel, &requests);
     // Reads that find nothing held wait for this call to end when it may keep changes: the
     // head can move before its answer is in (recent.rs). Ends when dropped, after the keep.
-    let _running = requests
-        .iter()
-        .any(|r| r.len() >= KEEP_FROM)
-        .then(|| appends.recent.begin(channel));
+    let _running = requests.iter().any(|r| r.len() >= KEEP_FROM).then(|| {
+        appends
+            .recent
+            .begin(channel, known_head(&appends.heads, channel))
+    });
     let mut conn = appends.conn.clone();
     let answer: Result<Answer, StoreError> = write_until(
         deadline,

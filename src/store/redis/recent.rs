@@ -20,14 +20,16 @@
 //!   for want of waiting: the head can move before the call's answer is in (the script's head
 //!   message reaches the listener first, or a later call ends first), and a read that finds
 //!   nothing held at its first seq waits for the calls that may keep changes and were running
-//!   then ([`Recent::begin`], [`Recent::take_from_after_calls`]) — never for later ones, and
-//!   never past [`WAIT_MOST`].
+//!   then ([`Recent::begin`], [`Recent::take_from_after_calls`]) — never for later ones, never
+//!   for a read that starts at or below the head this instance knew when the call began (the
+//!   call's seqs are all above it: a catch-up read of older changes does not wait), and never
+//!   past [`WAIT_MOST`].
 //!
 //! Only requests of 100 changes or more are held (`group.rs` says why). They are held as runs
 //! of consecutive seqs, one `VecDeque` each: taking a range moves its changes out, front first,
 //! without a search per change.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -58,8 +60,9 @@ struct Inner {
     /// Changes held across channels.
     held: usize,
     /// The calls running that may keep changes, by channel: their tickets, in the order they
-    /// began.
-    calls: HashMap<String, BTreeSet<u64>>,
+    /// began, each with the channel's head as this instance knew it then (every seq the call
+    /// appends is above it).
+    calls: HashMap<String, BTreeMap<u64, u64>>,
     next_ticket: u64,
 }
 
@@ -99,7 +102,8 @@ impl Recent {
 
     /// Marks a call to `channel` that may keep changes as running, until the [`Call`] is
     /// dropped (after its [`keep`](Recent::keep)).
-    pub(super) fn begin(&self, channel: &str) -> Call<'_> {
+    /// `head` is the channel's head as this instance knows it now.
+    pub(super) fn begin(&self, channel: &str, head: u64) -> Call<'_> {
         let mut inner = self.inner();
         let ticket = inner.next_ticket;
         inner.next_ticket += 1;
@@ -107,7 +111,7 @@ impl Recent {
             .calls
             .entry(channel.to_string())
             .or_default()
-            .insert(ticket);
+            .insert(ticket, head);
         Call {
             recent: self,
             channel: channel.to_string(),
@@ -173,7 +177,8 @@ impl Recent {
 
     /// Takes the changes of `channel` held from `from` on ([`Inner::take_from`]); but when
     /// nothing is held at `from`, first waits for the calls to `channel` that may keep changes
-    /// and are running now to end (at most [`WAIT_MOST`]), then takes what they kept.
+    /// and are running now to end (at most [`WAIT_MOST`]), then takes what they kept. Only
+    /// calls that may append `from` count: those that began with the head below it.
     pub(super) async fn take_from_after_calls(
         &self,
         channel: &str,
@@ -193,13 +198,17 @@ impl Recent {
                 if let Some(taken) = inner.take_from(channel, from, upto) {
                     return Some(taken);
                 }
-                let running = inner.calls.get(channel);
-                let newest = *newest
-                    .get_or_insert_with(|| running.and_then(|t| t.last().copied()).unwrap_or(0));
-                let waited_for = running
-                    .and_then(|t| t.first())
-                    .is_some_and(|&oldest| oldest <= newest);
-                if !waited_for {
+                // The calls running that may append `from`, by ticket.
+                let mut running = inner
+                    .calls
+                    .get(channel)
+                    .into_iter()
+                    .flatten()
+                    .filter(|&(_, &head)| head < from)
+                    .map(|(&ticket, _)| ticket);
+                let oldest = running.next()?;
+                let newest = *newest.get_or_insert_with(|| running.next_back().unwrap_or(oldest));
+                if oldest > newest {
                     return None;
                 }
             }
@@ -383,7 +392,7 @@ mod tests {
         // Nothing held and no call running: no wait.
         assert!(recent.take_from_after_calls("c", 1, 10).await.is_none());
         // A call runs; the head has moved already (its answer is not in yet).
-        let call = recent.begin("c");
+        let call = recent.begin("c", 0);
         let read = {
             let recent = recent.clone();
             tokio::spawn(async move { seqs(recent.take_from_after_calls("c", 1, 10).await) })
@@ -402,7 +411,7 @@ mod tests {
     #[tokio::test]
     async fn a_read_does_not_wait_for_calls_begun_after_it_or_past_the_bound() {
         let recent = std::sync::Arc::new(Recent::default());
-        let first = recent.begin("c");
+        let first = recent.begin("c", 0);
         let read = {
             let recent = recent.clone();
             tokio::spawn(async move { recent.take_from_after_calls("c", 1, 10).await.is_none() })
@@ -410,7 +419,7 @@ mod tests {
         tokio::task::yield_now().await;
         // A later call begins, then the first ends without keeping anything: the read gives up
         // at once, whatever the later one will do.
-        let _later = recent.begin("c");
+        let _later = recent.begin("c", 0);
         drop(first);
         let started = tokio::time::Instant::now();
         assert!(read.await.unwrap());
@@ -421,6 +430,17 @@ mod tests {
         assert!(started.elapsed() >= WAIT_MOST);
         // Calls of another channel are not waited for.
         assert!(recent.take_from_after_calls("d", 1, 10).await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_read_at_or_below_the_head_a_call_began_with_does_not_wait_for_it() {
+        let recent = Recent::default();
+        // The head was 100 when the call began: it appends 101 and up.
+        let _call = recent.begin("c", 100);
+        let started = std::time::Instant::now();
+        assert!(recent.take_from_after_calls("c", 100, 110).await.is_none());
+        assert!(recent.take_from_after_calls("c", 1, 10).await.is_none());
+        assert!(started.elapsed() < WAIT_MOST);
     }
 
     #[test]
