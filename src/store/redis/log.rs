@@ -78,7 +78,6 @@ fn write_datetime_key(t: OffsetDateTime, out: &mut Vec<u8>) {
 }
 
 fn datetime_from_key(k: &str) -> Result<OffsetDateTime, StoreError> {
-    let bad = || StoreError::Corrupt(format!("bad datetime key {k:?}"));
     let nanos: i128 = match k.as_bytes() {
         b if b.len() == DT_KEY_LEN && b.iter().all(u8::is_ascii_digit) => {
             let number = |digits: &[u8]| {
@@ -90,7 +89,9 @@ fn datetime_from_key(k: &str) -> Result<OffsetDateTime, StoreError> {
             // At most 9,999 × 10¹⁹ + 10¹⁹ - 1: far inside an i128.
             (i128::from(number(head)) * TEN_19 as i128) + i128::from(number(tail))
         }
-        _ => k.parse().map_err(|_| bad())?,
+        _ => k
+            .parse()
+            .map_err(|_| StoreError::Corrupt(format!("bad datetime key {k:?}")))?,
     };
     OffsetDateTime::from_unix_timestamp_nanos(nanos - DT_BIAS)
         .map_err(|e| StoreError::Corrupt(e.to_string()))

@@ -101,8 +101,8 @@ impl Recent {
     }
 
     /// Marks a call to `channel` that may keep changes as running, until the [`Call`] is
-    /// dropped (after its [`keep`](Recent::keep)).
-    /// `head` is the channel's head as this instance knows it now.
+    /// dropped (after its [`keep`](Recent::keep)); `head` is the channel's head as this
+    /// instance knows it now.
     pub(super) fn begin(&self, channel: &str, head: u64) -> Call<'_> {
         let mut inner = self.inner();
         let ticket = inner.next_ticket;
@@ -272,29 +272,22 @@ impl Held {
     }
 
     /// Adds `changes` (in seq order, none held already), one run per stretch of consecutive
-    /// seqs (a replayed request leaves a gap).
-    fn insert(&mut self, changes: Vec<Change>) {
-        let consecutive = changes
+    /// seqs (a replayed request leaves a gap), cut at each gap from the back. Without a gap,
+    /// the common case, the `Vec` becomes the run's `VecDeque` without a copy.
+    fn insert(&mut self, mut changes: Vec<Change>) {
+        while let Some(gap) = changes
             .windows(2)
-            .all(|pair| pair[1].seq == pair[0].seq + 1);
-        if consecutive {
-            if let Some(first) = changes.first().map(|c| c.seq) {
-                self.runs.insert(first, VecDeque::from(changes));
-            }
-            return;
+            .rposition(|pair| pair[1].seq != pair[0].seq + 1)
+        {
+            let run = changes.split_off(gap + 1);
+            self.put(run);
         }
-        let mut run: VecDeque<Change> = VecDeque::new();
-        for change in changes {
-            if run.back().is_some_and(|last| last.seq + 1 != change.seq) {
-                let done = std::mem::take(&mut run);
-                if let Some(first) = done.front().map(|c| c.seq) {
-                    self.runs.insert(first, done);
-                }
-            }
-            run.push_back(change);
-        }
-        if let Some(first) = run.front().map(|c| c.seq) {
-            self.runs.insert(first, run);
+        self.put(changes);
+    }
+
+    fn put(&mut self, run: Vec<Change>) {
+        if let Some(first) = run.first().map(|c| c.seq) {
+            self.runs.insert(first, VecDeque::from(run));
         }
     }
 }
