@@ -452,15 +452,18 @@ fn fanout_floor(
         for (i, stream) in streams.into_iter().enumerate() {
             let (next, body, link, host) = (next.clone(), body.clone(), link.clone(), host.clone());
             tasks.spawn(async move {
-                let secret = format!("secret-of-subscriber-{i}");
+                // The signing key made once per connection, as the hub makes it once per
+                // subscription.
+                let signer = changehub::model::signature::Signer::new(
+                    changehub::model::signature::Algorithm::Sha256,
+                    format!("secret-of-subscriber-{i}").as_bytes(),
+                );
                 let path = format!("/cb?s={i}");
                 // What changes per request: the delivery id, the seqs, the signature.
                 let each = |n: usize| {
-                    let signature = changehub::model::signature::signature(
-                        changehub::model::signature::Algorithm::Sha256,
-                        secret.as_bytes(),
-                        &body,
-                    );
+                    let mut signature = Vec::with_capacity(80);
+                    signer.write(&body, &mut signature);
+                    let signature = String::from_utf8_lossy(&signature).into_owned();
                     (format!("sub-{i}-5f3a9c0d2b7e4a61-{n}-{n}"), signature)
                 };
                 let run = FloorRun {

@@ -3,7 +3,7 @@
 //! delivers (`fanout::delivery`); receivers — `changehub subscribe`, the tests — check with
 //! [`verify`]. Plain computation, kept apart from delivery and from the HTTP client.
 
-use hmac::{Hmac, Mac};
+use aws_lc_rs::hmac;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
@@ -51,35 +51,51 @@ impl FromStr for Algorithm {
     }
 }
 
-/// Appends the lowercase hex of `body`'s HMAC under `secret` to `out`.
-fn mac_hex<M: Mac + hmac::digest::KeyInit>(secret: &[u8], body: &[u8], out: &mut Vec<u8>) {
-    // HMAC accepts keys of any length, so this cannot fail.
-    let mut mac = <M as Mac>::new_from_slice(secret).expect("HMAC takes any key length");
-    mac.update(body);
-    let digest = mac.finalize().into_bytes();
-    let start = out.len();
-    out.resize(start + 2 * digest.len(), 0);
-    // The room is exactly twice the digest, so this cannot fail.
-    let _ = hex::encode_to_slice(&digest[..], &mut out[start..]);
+/// The HMAC of each algorithm, as the crypto library rustls links (aws-lc) computes it: in
+/// assembly, with the CPU's SHA extensions when it has them and vector code when it has not.
+fn hmac_algorithm(alg: Algorithm) -> hmac::Algorithm {
+    match alg {
+        Algorithm::Sha1 => hmac::HMAC_SHA1_FOR_LEGACY_USE_ONLY,
+        Algorithm::Sha256 => hmac::HMAC_SHA256,
+        Algorithm::Sha384 => hmac::HMAC_SHA384,
+        Algorithm::Sha512 => hmac::HMAC_SHA512,
+    }
 }
 
-/// The value of `X-Hub-Signature` for `body` (`sha256=…`), appended to `out`: a delivery
-/// writes it straight into its request head.
-pub fn write_signature(alg: Algorithm, secret: &[u8], body: &[u8], out: &mut Vec<u8>) {
-    out.extend_from_slice(alg.as_str().as_bytes());
-    out.push(b'=');
-    match alg {
-        Algorithm::Sha1 => mac_hex::<Hmac<sha1::Sha1>>(secret, body, out),
-        Algorithm::Sha256 => mac_hex::<Hmac<sha2::Sha256>>(secret, body, out),
-        Algorithm::Sha384 => mac_hex::<Hmac<sha2::Sha384>>(secret, body, out),
-        Algorithm::Sha512 => mac_hex::<Hmac<sha2::Sha512>>(secret, body, out),
+/// A subscriber's signing key, made once per subscription (not per delivery): the HMAC's
+/// inner and outer states after the key are kept, so that each signature hashes only the body.
+#[derive(Clone)]
+pub struct Signer {
+    alg: Algorithm,
+    key: hmac::Key,
+}
+
+impl Signer {
+    pub fn new(alg: Algorithm, secret: &[u8]) -> Signer {
+        Signer {
+            alg,
+            key: hmac::Key::new(hmac_algorithm(alg), secret),
+        }
+    }
+
+    /// The value of `X-Hub-Signature` for `body` (`sha256=…`), appended to `out`: a delivery
+    /// writes it straight into its request head.
+    pub fn write(&self, body: &[u8], out: &mut Vec<u8>) {
+        out.extend_from_slice(self.alg.as_str().as_bytes());
+        out.push(b'=');
+        let tag = hmac::sign(&self.key, body);
+        let digest = tag.as_ref();
+        let start = out.len();
+        out.resize(start + 2 * digest.len(), 0);
+        // The room is exactly twice the digest, so this cannot fail.
+        let _ = hex::encode_to_slice(digest, &mut out[start..]);
     }
 }
 
 /// The value of `X-Hub-Signature` for `body`: `sha256=…`.
 pub fn signature(alg: Algorithm, secret: &[u8], body: &[u8]) -> String {
     let mut out = Vec::with_capacity(140);
-    write_signature(alg, secret, body, &mut out);
+    Signer::new(alg, secret).write(body, &mut out);
     // Only ASCII was written.
     String::from_utf8_lossy(&out).into_owned()
 }
@@ -114,6 +130,25 @@ mod tests {
         assert_eq!(
             signature(Algorithm::Sha1, key, data),
             "sha1=effcdf6ae5eb2fa2d27416d5f184df9c259a7c79"
+        );
+        assert_eq!(
+            signature(Algorithm::Sha384, key, data),
+            "sha384=af45d2e376484031617f78d2b58a6b1b9c7ef464f5a01b47\
+             e42ec3736322445e8e2240ca5e69e2c78b3239ecfab21649"
+        );
+        assert_eq!(
+            signature(Algorithm::Sha512, key, data),
+            "sha512=164b7a7bfcf819e2e395fbe73b56e0a387bd64222e831fd610270cd7ea250554\
+             9758bf75c05a994a6d034f65f8f0e6fdcaeab1a34d4a6b4b636e070a38bce737"
+        );
+        // RFC 4231 test case 6: a key longer than the block is hashed first.
+        assert_eq!(
+            signature(
+                Algorithm::Sha256,
+                &[0xaa; 131],
+                b"Test Using Larger Than Block-Size Key - Hash Key First"
+            ),
+            "sha256=60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54"
         );
         for alg in [
             Algorithm::Sha1,

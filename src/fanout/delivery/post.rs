@@ -33,6 +33,8 @@ pub(super) struct Target {
     callback: Result<Callback, String>,
     /// `Link: <hub>; rel="hub", <topic>; rel="self"` and `X-Changehub-Channel`.
     lines: HeaderLines,
+    /// The key of `X-Hub-Signature`, when the subscription has a secret.
+    signer: Option<signature::Signer>,
 }
 
 impl Target {
@@ -52,9 +54,14 @@ impl Target {
         let mut lines = HeaderLines::default();
         lines.push("link", link);
         lines.push("x-changehub-channel", &sub.channel);
+        let signer = sub
+            .secret
+            .as_ref()
+            .map(|secret| signature::Signer::new(sub.algorithm, secret.as_bytes()));
         Target {
             callback,
             lines,
+            signer,
             sub,
         }
     }
@@ -150,7 +157,6 @@ pub(super) async fn post(
             }
         }
     };
-    let sub = &target.sub;
     // Room for every line of a delivery's head, so that it is made with one allocation.
     let mut lines = HeaderLines::with_capacity(target.lines.len() + 512);
     lines.extend(&target.lines);
@@ -169,10 +175,8 @@ pub(super) async fn post(
     if let Some(epoch) = payload.epoch {
         lines.push("x-changehub-epoch", epoch);
     }
-    if let Some(secret) = &sub.secret {
-        lines.push_with("x-hub-signature", |out| {
-            signature::write_signature(sub.algorithm, secret.as_bytes(), &payload.body, out)
-        });
+    if let Some(signer) = &target.signer {
+        lines.push_with("x-hub-signature", |out| signer.write(&payload.body, out));
     }
     match conn.post(callback, &lines, payload.body).await {
         Ok(answer) if answer.status.is_success() => Outcome::Delivered,
