@@ -15,6 +15,7 @@
 pub mod delivery;
 pub mod progress;
 mod runtime;
+pub mod signing;
 pub mod websub;
 
 use std::collections::HashMap;
@@ -58,6 +59,8 @@ pub struct Fanout {
     runtime: Mutex<Option<DeliveryRuntime>>,
     /// Subscriptions per topic and per callback host, for the caps.
     counts: websub::SubscriptionCounts,
+    /// Subscribers' signatures of shared notifications, eight at a time.
+    pub signing: signing::SignGroups,
 }
 
 /// What a [`Fanout`] is built from.
@@ -91,6 +94,7 @@ impl Fanout {
             progress_task: Mutex::default(),
             runtime: Mutex::new(DeliveryRuntime::start()),
             counts: Default::default(),
+            signing: Default::default(),
         })
     }
 

@@ -17,6 +17,7 @@ pub mod feedsync;
 pub mod hash;
 pub mod notification;
 pub mod signature;
+pub mod signature_lanes;
 pub mod subscription;
 
 pub use change::{

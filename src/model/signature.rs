@@ -81,15 +81,19 @@ impl Signer {
     /// The value of `X-Hub-Signature` for `body` (`sha256=…`), appended to `out`: a delivery
     /// writes it straight into its request head.
     pub fn write(&self, body: &[u8], out: &mut Vec<u8>) {
-        out.extend_from_slice(self.alg.as_str().as_bytes());
-        out.push(b'=');
-        let tag = hmac::sign(&self.key, body);
-        let digest = tag.as_ref();
-        let start = out.len();
-        out.resize(start + 2 * digest.len(), 0);
-        // The room is exactly twice the digest, so this cannot fail.
-        let _ = hex::encode_to_slice(digest, &mut out[start..]);
+        write_value(self.alg, hmac::sign(&self.key, body).as_ref(), out);
     }
+}
+
+/// The value of `X-Hub-Signature` for an HMAC `tag` made with `alg` (`sha256=…`), appended to
+/// `out`.
+pub fn write_value(alg: Algorithm, tag: &[u8], out: &mut Vec<u8>) {
+    out.extend_from_slice(alg.as_str().as_bytes());
+    out.push(b'=');
+    let start = out.len();
+    out.resize(start + 2 * tag.len(), 0);
+    // The room is exactly twice the tag, so this cannot fail.
+    let _ = hex::encode_to_slice(tag, &mut out[start..]);
 }
 
 /// The value of `X-Hub-Signature` for `body`: `sha256=…`.

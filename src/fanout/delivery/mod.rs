@@ -20,7 +20,6 @@
 mod post;
 mod settle;
 
-use bytes::Bytes;
 use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
@@ -200,7 +199,7 @@ impl Worker {
         let Some(Body {
             first,
             last,
-            bytes: body,
+            shared,
             accepted_at,
         }) = self.body(sub, range).await?
         else {
@@ -209,7 +208,7 @@ impl Worker {
         let epoch = self.feed.known_origin().map(|o| o.epoch.clone());
         let outcome = tokio::select! {
             _ = self.cancel.cancelled() => return ControlFlow::Break(()),
-            o = deliver(&mut self.conn, &self.target, body, (first, last), epoch.as_deref()) => o,
+            o = deliver(&mut self.conn, &self.target, &shared, (first, last), epoch.as_deref()) => o,
         };
         let now = OffsetDateTime::now_utc();
         let start = |at| PendingDelivery {
@@ -292,6 +291,7 @@ impl Worker {
     async fn deliver_content(&mut self, sub: &Subscription, content: &Content) -> ControlFlow<()> {
         let payload = Payload {
             body: content.body.clone(),
+            shared: None,
             content_type: content.content_type.as_deref(),
             extra_links: &content.links,
             delivery_id: DeliveryId::Content {
@@ -344,16 +344,17 @@ impl Worker {
 struct Body {
     first: u64,
     last: u64,
-    bytes: Bytes,
+    /// The notification whose body is sent, shared with the other workers that send it.
+    shared: Arc<Notification>,
     accepted_at: Option<std::time::Instant>,
 }
 
 impl Body {
-    fn of(n: &Notification) -> Body {
+    fn of(n: &Arc<Notification>) -> Body {
         Body {
             first: n.first,
             last: n.last,
-            bytes: n.body.clone(),
+            shared: n.clone(),
             accepted_at: n.accepted_at,
         }
     }

@@ -6,8 +6,10 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use crate::fanout::signing::Lane;
 use crate::fanout::Fanout;
 use crate::model::signature;
+use crate::model::Notification;
 use crate::model::Subscription;
 use crate::net::callback::{Callback, CallbackConn};
 use crate::net::http1::HeaderLines;
@@ -35,6 +37,9 @@ pub(super) struct Target {
     lines: HeaderLines,
     /// The key of `X-Hub-Signature`, when the subscription has a secret.
     signer: Option<signature::Signer>,
+    /// The subscription's place among those that sign shared notifications together (SHA-256
+    /// secrets only, on CPUs that can).
+    lane: Option<Lane>,
 }
 
 impl Target {
@@ -58,10 +63,17 @@ impl Target {
             .secret
             .as_ref()
             .map(|secret| signature::Signer::new(sub.algorithm, secret.as_bytes()));
+        let lane = match (&sub.secret, sub.algorithm) {
+            (Some(secret), signature::Algorithm::Sha256) => {
+                fanout.signing.join(&sub.channel, secret.as_bytes())
+            }
+            _ => None,
+        };
         Target {
             callback,
             lines,
             signer,
+            lane,
             sub,
         }
     }
@@ -104,6 +116,9 @@ impl fmt::Display for DeliveryId<'_> {
 /// What one POST carries.
 pub(super) struct Payload<'a> {
     pub(super) body: Bytes,
+    /// The notification `body` is of, when other workers send it too: then its signature may
+    /// be made with theirs.
+    pub(super) shared: Option<&'a Arc<Notification>>,
     /// The topic's media type (`None`: the topic gave none, so none is sent).
     pub(super) content_type: Option<&'a str>,
     /// `Link` values sent after the hub's own `rel=hub` / `rel=self` header.
@@ -119,7 +134,7 @@ pub(super) struct Payload<'a> {
 pub(super) async fn deliver(
     conn: &mut CallbackConn,
     target: &Target,
-    body: Bytes,
+    shared: &Arc<Notification>,
     (first, last): (u64, u64),
     epoch: Option<&str>,
 ) -> Outcome {
@@ -130,7 +145,8 @@ pub(super) async fn deliver(
         last,
     };
     let payload = Payload {
-        body,
+        body: shared.body.clone(),
+        shared: Some(shared),
         content_type: Some("application/xml"),
         extra_links: &[],
         delivery_id,
@@ -176,7 +192,13 @@ pub(super) async fn post(
         lines.push("x-changehub-epoch", epoch);
     }
     if let Some(signer) = &target.signer {
-        lines.push_with("x-hub-signature", |out| signer.write(&payload.body, out));
+        let together = target.lane.as_ref().zip(payload.shared);
+        match together.and_then(|(lane, shared)| lane.sign(shared)) {
+            Some(tag) => lines.push_with("x-hub-signature", |out| {
+                signature::write_value(signature::Algorithm::Sha256, &tag, out)
+            }),
+            None => lines.push_with("x-hub-signature", |out| signer.write(&payload.body, out)),
+        }
     }
     match conn.post(callback, &lines, payload.body).await {
         Ok(answer) if answer.status.is_success() => Outcome::Delivered,
