@@ -12,7 +12,7 @@
 //!   another notification while it is held) and each lane's key by the id of the lane that
 //!   held it then. A member that joined after the group signed a notification, or that is
 //!   behind every notification the group keeps, signs alone (the caller's one-key path).
-//! - Memory is bounded per group: the tags of its last [`KEPT`] notifications.
+//! - Memory is bounded per group: the tags of its last `KEPT` (16) notifications.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
