@@ -22,7 +22,7 @@ use crate::model::signature_lanes::{self, Sha256Key, LANES};
 use crate::model::Notification;
 
 /// Notifications whose tags a group keeps: members up to this many notifications apart (in a
-/// burst, workers drift apart) still share them. About 360 bytes each.
+/// burst, workers drift apart) still share them. 336 bytes each (`Signed`).
 const KEPT: usize = 16;
 
 /// The groups of every channel.
@@ -99,7 +99,8 @@ impl SignGroups {
 impl Lane {
     /// The HMAC-SHA256 tag of `n`'s body under this lane's key: the group's when a member
     /// signed `n` for it, else made now for the whole group. `None` when this member must sign
-    /// alone (it joined after the group signed `n`, or it is behind the group).
+    /// alone (it joined after the group signed `n`, or `n` is older than every notification
+    /// the group keeps).
     pub fn sign(&self, n: &Arc<Notification>) -> Option<[u8; 32]> {
         let mut state = self.group.lock();
         if let Some(signed) = state

@@ -196,19 +196,14 @@ impl Worker {
 
     /// Sends the seqs `range` as one Change List notification and settles the outcome.
     async fn deliver_range(&mut self, sub: &Subscription, range: (u64, u64)) -> ControlFlow<()> {
-        let Some(Body {
-            first,
-            last,
-            shared,
-            accepted_at,
-        }) = self.body(sub, range).await?
-        else {
+        let Some(n) = self.body(sub, range).await? else {
             return ControlFlow::Continue(());
         };
+        let (first, last) = (n.first, n.last);
         let epoch = self.feed.known_origin().map(|o| o.epoch.clone());
         let outcome = tokio::select! {
             _ = self.cancel.cancelled() => return ControlFlow::Break(()),
-            o = deliver(&mut self.conn, &self.target, &shared, (first, last), epoch.as_deref()) => o,
+            o = deliver(&mut self.conn, &self.target, &n, epoch.as_deref()) => o,
         };
         let now = OffsetDateTime::now_utc();
         let start = |at| PendingDelivery {
@@ -223,7 +218,7 @@ impl Worker {
         if settled == Settled::Delivered {
             self.feed.count_delivered();
             // From the 202 of these changes, when the body was the batcher's notification.
-            if let Some(at) = accepted_at {
+            if let Some(at) = n.accepted_at {
                 metrics::histogram!("changehub_delivery_latency_seconds").record(at.elapsed());
             }
         }
@@ -243,9 +238,9 @@ impl Worker {
         &mut self,
         sub: &Subscription,
         (from, to): (u64, u64),
-    ) -> ControlFlow<(), Option<Body>> {
+    ) -> ControlFlow<(), Option<Arc<Notification>>> {
         if let Some(n) = self.feed.cached(from).filter(|n| n.last == to) {
-            return ControlFlow::Continue(Some(Body::of(&n)));
+            return ControlFlow::Continue(Some(n));
         }
         let limit = (to - from + 1) as usize;
         let (store, config, channel) = (&self.fanout.store, &self.fanout.config, &self.channel);
@@ -274,7 +269,7 @@ impl Worker {
                 self.persist(sub);
                 ControlFlow::Continue(None)
             }
-            Ok(Some(n)) => ControlFlow::Continue(Some(Body::of(&n))),
+            Ok(Some(n)) => ControlFlow::Continue(Some(n)),
             Err(e) => {
                 if !e.logged_by_store() {
                     tracing::warn!(error = %e, "cannot read the log for delivery; retrying");
@@ -335,27 +330,6 @@ impl Worker {
     fn persist(&self, sub: &Subscription) {
         if !self.cancel.is_cancelled() {
             self.fanout.progress.record(&sub.id, &self.state);
-        }
-    }
-}
-
-/// A notification as a delivery sends it: its seqs, its shared bytes, and when its first
-/// change was accepted (`None` when it was rendered again from the log).
-struct Body {
-    first: u64,
-    last: u64,
-    /// The notification whose body is sent, shared with the other workers that send it.
-    shared: Arc<Notification>,
-    accepted_at: Option<std::time::Instant>,
-}
-
-impl Body {
-    fn of(n: &Arc<Notification>) -> Body {
-        Body {
-            first: n.first,
-            last: n.last,
-            shared: n.clone(),
-            accepted_at: n.accepted_at,
         }
     }
 }

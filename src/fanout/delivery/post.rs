@@ -134,10 +134,10 @@ pub(super) struct Payload<'a> {
 pub(super) async fn deliver(
     conn: &mut CallbackConn,
     target: &Target,
-    shared: &Arc<Notification>,
-    (first, last): (u64, u64),
+    n: &Arc<Notification>,
     epoch: Option<&str>,
 ) -> Outcome {
+    let (first, last) = (n.first, n.last);
     let delivery_id = DeliveryId::Seqs {
         sub: &target.sub.id,
         epoch,
@@ -145,8 +145,8 @@ pub(super) async fn deliver(
         last,
     };
     let payload = Payload {
-        body: shared.body.clone(),
-        shared: Some(shared),
+        body: n.body.clone(),
+        shared: Some(n),
         content_type: Some("application/xml"),
         extra_links: &[],
         delivery_id,
