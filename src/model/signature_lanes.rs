@@ -98,7 +98,8 @@ pub fn available() -> bool {
 /// The HMAC-SHA256 tags of `body` under each of `keys`, in order; `None` when the CPU cannot
 /// ([`available`]).
 pub fn sign8(keys: &[Sha256Key; LANES], body: &[u8]) -> Option<[[u8; 32]; LANES]> {
-    Kernel::best().map(|kernel| sign8_with(kernel, keys, body))
+    // `best` is one of the kernels this CPU runs.
+    Kernel::best().map(|kernel| run(kernel, keys, body))
 }
 
 /// [`sign8`] with a given kernel, which this CPU must run (one of [`Kernel::all`]).
@@ -107,9 +108,14 @@ pub fn sign8_with(kernel: Kernel, keys: &[Sha256Key; LANES], body: &[u8]) -> [[u
         Kernel::all().contains(&kernel),
         "this CPU cannot run the {kernel:?} kernel"
     );
+    run(kernel, keys, body)
+}
+
+/// Signs with `kernel`, which the caller has made sure this CPU runs.
+fn run(kernel: Kernel, keys: &[Sha256Key; LANES], body: &[u8]) -> [[u8; 32]; LANES] {
     #[cfg(target_arch = "x86_64")]
     {
-        // SAFETY: the CPU has the features each kernel is compiled for (checked just above).
+        // SAFETY: the CPU has the features each kernel is compiled for (the callers' check).
         let inner = unsafe {
             match kernel {
                 Kernel::ShaNi => sha_ni::inner(keys, body),
@@ -120,7 +126,7 @@ pub fn sign8_with(kernel: Kernel, keys: &[Sha256Key; LANES], body: &[u8]) -> [[u
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (keys, body);
+        let _ = (kernel, keys, body);
         unreachable!("no kernel runs on this CPU")
     }
 }
