@@ -10,13 +10,20 @@ then counts the instructions of CALLS more calls, each updating the items the on
 wrote, and prints the count per call.
 
     python3 scripts/append-instructions.py [SCRIPT_DIR] [--calls N] [--warm N] [--cpu]
-                                           [--requests R]
+                                           [--requests R] [--prepared [--no-index] [--no-items]]
 
 SCRIPT_DIR defaults to src/store/redis/scripts: point it at a copy to weigh a variant.
 Needs valgrind (`apt-get install -y valgrind`) and redis-server. Takes about 10 s.
 
 With --requests R, each call holds R requests of one change each, all of one resource (as
 the group commit gathers figure 4b's one-change requests: about 22 per call on two CPUs).
+
+With --prepared, the append script is replaced by the cheapest one the store's layout allows
+(PREPARED below): as if the hub had worked out every value itself (seqs, chunks, the index's
+entries, the FeedSync items, after reading the items with one HMGET, which is counted too) and
+the script only checked the channel's `last` and wrote. What it counts is a ceiling for any
+script over the same keys, not a design: --prepared --no-index and --prepared --no-items leave
+the resource index or the FeedSync items out as well.
 
 With --cpu, redis-server runs without valgrind and the script prints the CPU time Redis
 spent per call instead (from /proc, in clock ticks: give it 1,000 calls or more, and
@@ -63,6 +70,43 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+# The --prepared script. ARGV: the `last` the hub expects, the number of changes N, the new
+# latest datetime key, the new `last`, then N entries, N locs, N seqs and N FeedSync items;
+# ARGV[5] and ARGV[6] say whether to write the index and the items ('1') or not ('0').
+PREPARED = b"""
+local call, unpack = redis.call, unpack
+if (call('HGET', KEYS[2], 'last') or '0') ~= ARGV[1] then return {-1} end
+local n = ARGV[2] + 0
+local e0, l0, i0, s0 = 6, 6 + n, 6 + 2 * n, 6 + 3 * n
+local t = {}
+for c = 0, n - 1, 32 do
+  local k, top = 0, math.min(c + 32, n)
+  for i = c + 1, top do t[k + 1] = 'c'; t[k + 2] = ARGV[e0 + i]; k = k + 2 end
+  call('XADD', KEYS[1], ARGV[i0 + c + 1], unpack(t, 1, k))
+end
+for c = 0, n - 1, 500 do
+  local top, a, b, m = math.min(c + 500, n), {}, {}, 0
+  if ARGV[5] == '1' then
+    for i = c + 1, top do
+      local loc = ARGV[l0 + i]
+      a[m + 1] = loc; a[m + 2] = ARGV[e0 + i]; b[m + 1] = ARGV[i0 + i]; b[m + 2] = loc
+      m = m + 2
+    end
+    call('HSET', KEYS[5], unpack(a, 1, m))
+    call('ZADD', KEYS[6], unpack(b, 1, m))
+  end
+  if ARGV[6] == '1' then
+    m = 0
+    for i = c + 1, top do a[m + 1] = ARGV[l0 + i]; a[m + 2] = ARGV[s0 + i]; m = m + 2 end
+    call('HSET', KEYS[7], unpack(a, 1, m))
+  end
+end
+call('HSET', KEYS[2], 'last', ARGV[4], 'dt', ARGV[3])
+call('PUBLISH', 'changehub:events', 'head bench ' .. ARGV[4])
+return {0}
+"""
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -81,8 +125,14 @@ def main():
                         help="calls of this many one-change requests instead of one of 1,000")
     parser.add_argument("--cpu", action="store_true",
                         help="time Redis's CPU per call instead of counting instructions")
+    parser.add_argument("--prepared", action="store_true",
+                        help="count the cheapest script over the same keys (see above)")
+    parser.add_argument("--no-index", action="store_true", help="with --prepared")
+    parser.add_argument("--no-items", action="store_true", help="with --prepared")
     opts = parser.parse_args()
-    source = b"".join(
+    if opts.prepared and opts.requests:
+        sys.exit("--prepared counts calls of 1,000 changes only")
+    source = PREPARED if opts.prepared else b"".join(
         open(os.path.join(opts.scripts, name), "rb").read()
         for name in ("feedsync.lua", "append.lua")
     )
@@ -137,8 +187,22 @@ def main():
         # Last, the epoch the channel takes on its first append.
         args.append("0123456789abcdef")
 
+        updates = [0]
+
+        def prepared_args():
+            # What the hub would read and work out before the call: the items, then each
+            # change's seq and its item's next count.
+            call("HMGET", keys[6], *locs)
+            last = updates[0] * len(entries)
+            updates[0] += 1
+            seqs = [str(last + 1 + i) for i in range(len(entries))]
+            items = [f"{updates[0]} bench"] * len(entries)
+            flags = ["0" if opts.no_index else "1", "0" if opts.no_items else "1"]
+            return ["EVALSHA", sha, len(keys), *keys, str(last), len(entries), key,
+                    str(last + len(entries)), *flags, *entries, *locs, *seqs, *items]
+
         def append():
-            answer = call(*args)
+            answer = call(*(prepared_args() if opts.prepared else args))
             if answer[0] != b"0":
                 sys.exit(f"the append script answered {answer}")
 

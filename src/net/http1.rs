@@ -14,7 +14,6 @@
 //! (1xx) answers skipped; `Connection: close` and HTTP/1.0 answers honoured. Whether the
 //! connection can carry the next request is part of the outcome.
 
-use std::fmt;
 use std::io::Write;
 
 use bytes::Bytes;
@@ -82,10 +81,22 @@ impl HeaderLines {
         self.push_with(name, |out| out.extend_from_slice(value.as_ref()));
     }
 
-    /// Adds `name: value` with `value` formatted in place.
-    pub fn push_display(&mut self, name: &str, value: impl fmt::Display) {
-        // Writing to a Vec cannot fail.
-        self.push_with(name, |out| drop(write!(out, "{value}")));
+    /// Adds `name: n`, the number in decimal.
+    pub fn push_u64(&mut self, name: &str, n: u64) {
+        self.push(name, itoa::Buffer::new().format(n));
+    }
+
+    /// Adds `first: value` and `second: value`, the value written once by `write` (as
+    /// [`push_with`](Self::push_with) does) and copied.
+    pub fn push_twice(&mut self, first: &str, second: &str, write: impl FnOnce(&mut Vec<u8>)) {
+        let start = self.0.len() + first.len() + 2;
+        self.push_with(first, write);
+        let end = self.0.len() - 2;
+        let out = &mut self.0;
+        out.extend_from_slice(second.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_within(start..end);
+        out.extend_from_slice(b"\r\n");
     }
 
     /// Adds `name:` and a value `write` appends to the buffer.
@@ -527,12 +538,32 @@ mod tests {
     fn a_value_with_a_control_byte_is_sent_empty_and_adds_no_line() {
         let mut lines = HeaderLines::default();
         lines.push("link", "<x>\r\nevil: 1");
-        lines.push_display("x-changehub-first", 7);
+        lines.push_u64("x-changehub-first", 7);
         lines.push_with("x-hub-signature", |out| out.extend_from_slice(b"a\nb"));
         lines.push("x-tab", "a\tb");
         assert_eq!(
             std::str::from_utf8(lines.as_bytes()).unwrap(),
             "link: \r\nx-changehub-first: 7\r\nx-hub-signature: \r\nx-tab: a\tb\r\n"
+        );
+    }
+
+    #[test]
+    fn numbers_and_a_value_sent_twice_are_written_as_formatted() {
+        let mut lines = HeaderLines::default();
+        lines.push_u64("x-changehub-first", 0);
+        lines.push_u64("x-changehub-last", u64::MAX);
+        lines.push_twice("x-changehub-delivery", "webhook-id", |out| {
+            out.extend_from_slice(b"s1-e-1-10")
+        });
+        // A value refused by the check is refused for both names.
+        lines.push_twice("a", "b", |out| out.extend_from_slice(b"x\ry"));
+        assert_eq!(
+            std::str::from_utf8(lines.as_bytes()).unwrap(),
+            format!(
+                "x-changehub-first: 0\r\nx-changehub-last: {}\r\n\
+                 x-changehub-delivery: s1-e-1-10\r\nwebhook-id: s1-e-1-10\r\na: \r\nb: \r\n",
+                u64::MAX
+            )
         );
     }
 

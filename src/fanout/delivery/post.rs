@@ -2,7 +2,6 @@
 //! channel, the delivery id, the seq range, the signature) and what the answer means.
 
 use bytes::Bytes;
-use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -93,22 +92,32 @@ pub(super) enum DeliveryId<'a> {
     Content { sub: &'a str, version: u64 },
 }
 
-impl fmt::Display for DeliveryId<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl DeliveryId<'_> {
+    /// Appends the id to `out` (`SUB-EPOCH-FIRST-LAST`, `SUB-FIRST-LAST` or `SUB-cVERSION`).
+    fn write_to(&self, out: &mut Vec<u8>) {
+        let mut number = itoa::Buffer::new();
         match self {
             DeliveryId::Seqs {
                 sub,
-                epoch: Some(epoch),
+                epoch,
                 first,
                 last,
-            } => write!(f, "{sub}-{epoch}-{first}-{last}"),
-            DeliveryId::Seqs {
-                sub,
-                epoch: None,
-                first,
-                last,
-            } => write!(f, "{sub}-{first}-{last}"),
-            DeliveryId::Content { sub, version } => write!(f, "{sub}-c{version}"),
+            } => {
+                out.extend_from_slice(sub.as_bytes());
+                if let Some(epoch) = epoch {
+                    out.push(b'-');
+                    out.extend_from_slice(epoch.as_bytes());
+                }
+                out.push(b'-');
+                out.extend_from_slice(number.format(*first).as_bytes());
+                out.push(b'-');
+                out.extend_from_slice(number.format(*last).as_bytes());
+            }
+            DeliveryId::Content { sub, version } => {
+                out.extend_from_slice(sub.as_bytes());
+                out.extend_from_slice(b"-c");
+                out.extend_from_slice(number.format(*version).as_bytes());
+            }
         }
     }
 }
@@ -176,8 +185,9 @@ pub(super) async fn post(
     // Room for every line of a delivery's head, so that it is made with one allocation.
     let mut lines = HeaderLines::with_capacity(target.lines.len() + 512);
     lines.extend(&target.lines);
-    lines.push_display("x-changehub-delivery", &payload.delivery_id);
-    lines.push_display("webhook-id", &payload.delivery_id);
+    lines.push_twice("x-changehub-delivery", "webhook-id", |out| {
+        payload.delivery_id.write_to(out)
+    });
     for extra in payload.extra_links {
         lines.push("link", extra);
     }
@@ -185,8 +195,8 @@ pub(super) async fn post(
         lines.push("content-type", ct);
     }
     if let Some((first, last)) = payload.seqs {
-        lines.push_display("x-changehub-first", first);
-        lines.push_display("x-changehub-last", last);
+        lines.push_u64("x-changehub-first", first);
+        lines.push_u64("x-changehub-last", last);
     }
     if let Some(epoch) = payload.epoch {
         lines.push("x-changehub-epoch", epoch);
@@ -230,4 +240,31 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         source = inner.source();
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DeliveryId;
+
+    #[test]
+    fn delivery_ids_are_the_subscription_the_epoch_and_the_range_or_the_version() {
+        let id = |d: DeliveryId| {
+            let mut out = Vec::new();
+            d.write_to(&mut out);
+            String::from_utf8(out).unwrap()
+        };
+        let seqs = |epoch| DeliveryId::Seqs {
+            sub: "s7",
+            epoch,
+            first: 1,
+            last: u64::MAX,
+        };
+        assert_eq!(id(seqs(Some("e0f1"))), format!("s7-e0f1-1-{}", u64::MAX));
+        assert_eq!(id(seqs(None)), format!("s7-1-{}", u64::MAX));
+        let content = DeliveryId::Content {
+            sub: "s7",
+            version: 0,
+        };
+        assert_eq!(id(content), "s7-c0");
+    }
 }
