@@ -103,9 +103,11 @@ impl Lane {
     /// the group keeps).
     pub fn sign(&self, n: &Arc<Notification>) -> Option<[u8; 32]> {
         let mut state = self.group.lock();
+        // Newest first: members in step look for what the first of them just signed.
         if let Some(signed) = state
             .signed
             .iter()
+            .rev()
             .find(|s| std::ptr::eq(s.notification.as_ptr(), Arc::as_ptr(n)))
         {
             return (signed.ids[self.lane] == self.id).then_some(signed.tags[self.lane]);
