@@ -68,19 +68,32 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    /// Every kernel this CPU can run, the fastest first.
-    pub fn all() -> Vec<Kernel> {
-        let mut kernels = Vec::new();
+    /// Whether this CPU has every feature the kernel is compiled for.
+    pub fn runs_here(self) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::is_x86_feature_detected!("sha") && std::is_x86_feature_detected!("sse4.1") {
-                kernels.push(Kernel::ShaNi);
-            }
-            if std::is_x86_feature_detected!("avx2") {
-                kernels.push(Kernel::Avx2);
+            match self {
+                Kernel::ShaNi => {
+                    std::is_x86_feature_detected!("sha")
+                        && std::is_x86_feature_detected!("ssse3")
+                        && std::is_x86_feature_detected!("sse4.1")
+                }
+                Kernel::Avx2 => std::is_x86_feature_detected!("avx2"),
             }
         }
-        kernels
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = self;
+            false
+        }
+    }
+
+    /// Every kernel this CPU can run, the fastest first.
+    pub fn all() -> Vec<Kernel> {
+        [Kernel::ShaNi, Kernel::Avx2]
+            .into_iter()
+            .filter(|kernel| kernel.runs_here())
+            .collect()
     }
 
     /// The fastest kernel this CPU runs, if any (detected once).
@@ -102,10 +115,10 @@ pub fn sign8(keys: &[Sha256Key; LANES], body: &[u8]) -> Option<[[u8; 32]; LANES]
     Kernel::best().map(|kernel| run(kernel, keys, body))
 }
 
-/// [`sign8`] with a given kernel, which this CPU must run (one of [`Kernel::all`]).
+/// [`sign8`] with a given kernel, which this CPU must run ([`Kernel::runs_here`]).
 pub fn sign8_with(kernel: Kernel, keys: &[Sha256Key; LANES], body: &[u8]) -> [[u8; 32]; LANES] {
     assert!(
-        Kernel::all().contains(&kernel),
+        kernel.runs_here(),
         "this CPU cannot run the {kernel:?} kernel"
     );
     run(kernel, keys, body)
@@ -430,8 +443,7 @@ mod tests {
     fn the_sha_instructions_come_first() {
         let all = Kernel::all();
         assert_eq!(Kernel::best(), all.first().copied());
-        #[cfg(target_arch = "x86_64")]
-        if std::is_x86_feature_detected!("sha") && std::is_x86_feature_detected!("sse4.1") {
+        if Kernel::ShaNi.runs_here() {
             assert_eq!(Kernel::best(), Some(Kernel::ShaNi));
         }
     }
