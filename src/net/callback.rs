@@ -10,6 +10,7 @@
 //! its body), TLS with the platform's certificate verifier for `https`.
 
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -17,6 +18,7 @@ use bytes::Bytes;
 use http::header::HeaderValue;
 use http::{StatusCode, Uri};
 use tokio::net::TcpStream;
+use tokio::time::{Instant, Sleep};
 
 use super::client::is_private;
 use super::http1::{self, Buffers, ExchangeError, HeaderLines};
@@ -131,6 +133,13 @@ pub enum CallbackError {
     Timeout(Duration),
 }
 
+/// `wait` from now, or far ahead when that cannot be told (a wait of centuries).
+pub fn deadline_after(wait: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(wait)
+        .unwrap_or_else(|| now + Duration::from_secs(30 * 365 * 24 * 3600))
+}
+
 /// An open connection to a callback.
 enum Stream {
     Plain(TcpStream),
@@ -143,6 +152,11 @@ pub struct CallbackConn {
     settings: Arc<Settings>,
     stream: Option<Stream>,
     buffers: Buffers,
+    /// The deadline of the request in flight, one timer for every request: a timer made for
+    /// a request and dropped after it takes the runtime's timer lock twice (registered when
+    /// the answer is awaited, removed when dropped), where moving a registered timer to a
+    /// later deadline is one atomic operation.
+    deadline: Option<Pin<Box<Sleep>>>,
 }
 
 impl CallbackConn {
@@ -151,6 +165,7 @@ impl CallbackConn {
             settings,
             stream: None,
             buffers: Buffers::default(),
+            deadline: None,
         }
     }
 
@@ -165,9 +180,21 @@ impl CallbackConn {
         // `exchange` holds the connection while it works and keeps it only after a good
         // answer, so one that failed or ran out of time leaves no connection behind.
         let timeout = self.settings.timeout;
-        tokio::time::timeout(timeout, self.exchange(to, headers, &body))
-            .await
-            .unwrap_or(Err(CallbackError::Timeout(timeout)))
+        let at = deadline_after(timeout);
+        let mut deadline = match self.deadline.take() {
+            Some(mut deadline) => {
+                deadline.as_mut().reset(at);
+                deadline
+            }
+            None => Box::pin(tokio::time::sleep_until(at)),
+        };
+        let answer = tokio::select! {
+            biased;
+            answer = self.exchange(to, headers, &body) => answer,
+            () = deadline.as_mut() => Err(CallbackError::Timeout(timeout)),
+        };
+        self.deadline = Some(deadline);
+        answer
     }
 
     /// One request on the kept connection, or on a new one. A kept connection the callback
@@ -281,6 +308,8 @@ mod tests {
         BigBody,
         /// Never answers.
         Silent,
+        /// 200, connection kept, each answer 150 ms after its request.
+        Slow,
     }
 
     /// A receiver on 127.0.0.1 that counts connections and requests.
@@ -342,6 +371,10 @@ mod tests {
                             Answering::Silent => {
                                 tokio::time::sleep(Duration::from_secs(30)).await;
                                 return;
+                            }
+                            Answering::Slow => {
+                                tokio::time::sleep(Duration::from_millis(150)).await;
+                                "HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n".to_string()
                             }
                         };
                         if stream.write_all(answer.as_bytes()).await.is_err() {
@@ -431,6 +464,27 @@ mod tests {
             assert!(matches!(e, CallbackError::Timeout(_)), "{e}");
             assert_eq!(conns.load(Ordering::SeqCst), round);
         }
+    }
+
+    /// Each request has the whole timeout from its own start: the connection's one timer is
+    /// moved forward for every request, so requests that each take under a third of it never
+    /// time out however many follow one another.
+    #[tokio::test]
+    async fn every_request_gets_the_whole_timeout_from_its_own_start() {
+        let (url, conns, requests) = receiver(Answering::Slow).await;
+        let to = callback(&url);
+        let timeout = Duration::from_millis(500);
+        let mut conn = CallbackConn::new(Settings::new(true, timeout));
+        let started = std::time::Instant::now();
+        for _ in 0..5 {
+            assert_eq!(post(&mut conn, &to).await.unwrap().status, 200);
+        }
+        assert!(
+            started.elapsed() > timeout,
+            "together longer than one timeout"
+        );
+        assert_eq!(requests.load(Ordering::SeqCst), 5);
+        assert_eq!(conns.load(Ordering::SeqCst), 1);
     }
 
     /// The address check runs on the addresses the connection would use: a name that

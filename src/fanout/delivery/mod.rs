@@ -21,17 +21,19 @@ mod post;
 mod settle;
 
 use std::ops::ControlFlow;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 use time::OffsetDateTime;
 use tokio::sync::watch;
+use tokio::time::Sleep;
 use tokio_util::sync::CancellationToken;
 
 use super::Fanout;
 use crate::batcher::{render_notification, ChannelFeed};
 use crate::external::{Content, ContentRetry};
 use crate::model::{DeliveryState, Notification, PendingDelivery, Subscription};
-use crate::net::callback::CallbackConn;
+use crate::net::callback::{deadline_after, CallbackConn};
 use post::{deliver, post, DeliveryId, Payload, Target};
 use settle::{settle, ContentAttempts, Policy, Settled, What};
 
@@ -66,6 +68,7 @@ pub async fn run_worker(
         generation,
         content_delivered: content_version,
         content_retry: None,
+        idle: Box::pin(tokio::time::sleep(Duration::ZERO)),
     };
     while worker.step().await.is_continue() {
         super::runtime::give_way();
@@ -92,6 +95,9 @@ struct Worker {
     /// The content version last delivered or given up (in memory: not replayable).
     content_delivered: u64,
     content_retry: Option<ContentAttempts>,
+    /// The end of a wait, one timer for every wait (moved forward, not made anew: see
+    /// `CallbackConn`'s deadline).
+    idle: Pin<Box<Sleep>>,
     cancel: CancellationToken,
     /// Which registration of the subscription this worker serves (see `Fanout::remove_own`).
     generation: u64,
@@ -175,6 +181,7 @@ impl Worker {
     /// `for_news`) a new published seq or new content.
     async fn wait(&mut self, wait: Duration, for_news: bool) -> ControlFlow<()> {
         let fanout = self.fanout.clone();
+        self.idle.as_mut().reset(deadline_after(wait));
         tokio::select! {
             _ = self.cancel.cancelled() => return ControlFlow::Break(()),
             _ = fanout.work.drain.cancelled() => {}
@@ -189,7 +196,7 @@ impl Worker {
                     self.content_rx = None;
                 }
             }
-            _ = tokio::time::sleep(wait) => {}
+            () = self.idle.as_mut() => {}
         }
         ControlFlow::Continue(())
     }
