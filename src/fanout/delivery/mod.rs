@@ -95,8 +95,9 @@ struct Worker {
     /// The content version last delivered or given up (in memory: not replayable).
     content_delivered: u64,
     content_retry: Option<ContentAttempts>,
-    /// The end of a wait, one timer for every wait (moved forward, not made anew: see
-    /// `CallbackConn`'s deadline).
+    /// The end of a wait: one timer for every wait, reset to each wait's end rather than made
+    /// anew (see `CallbackConn`'s deadline; an end earlier than the registered one, as a
+    /// retry's can be, registers it again).
     idle: Pin<Box<Sleep>>,
     cancel: CancellationToken,
     /// Which registration of the subscription this worker serves (see `Fanout::remove_own`).
