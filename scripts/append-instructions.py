@@ -11,9 +11,20 @@ wrote, and prints the count per call.
 
     python3 scripts/append-instructions.py [SCRIPT_DIR] [--calls N] [--warm N] [--cpu]
                                            [--requests R] [--prepared [--no-index] [--no-items]]
+                                           [--inline | --fold-every K [--kept]]
 
 SCRIPT_DIR defaults to src/store/redis/scripts: point it at a copy to weigh a variant.
 Needs valgrind (`apt-get install -y valgrind`) and redis-server. Takes about 10 s.
+
+The append script writes the log alone while no FeedSync item carries conflicts; the hub
+brings the resource index and the items up to the log later (src/store/redis/fold.rs). With
+--fold-every K, every K calls are followed by what that costs Redis as the hub does it: the
+range reads of the K calls' entries, one HMGET of their items and one call of `fold.lua`
+(the counts are then per call, the fold's share included; give --calls a multiple of K); with
+--kept as well, without the range reads, as when the hub folds the entries it kept of its own
+appends. With --inline, a conflict on a
+resource the calls never touch makes every call write the index and the items itself, as
+every append did before the fold existed.
 
 With --requests R, each call holds R requests of one change each, all of one resource (as
 the group commit gathers figure 4b's one-change requests: about 22 per call on two CPUs).
@@ -129,9 +140,19 @@ def main():
                         help="count the cheapest script over the same keys (see above)")
     parser.add_argument("--no-index", action="store_true", help="with --prepared")
     parser.add_argument("--no-items", action="store_true", help="with --prepared")
+    parser.add_argument("--fold-every", type=int, default=0,
+                        help="count the hub's fold of the index after every K calls")
+    parser.add_argument("--kept", action="store_true",
+                        help="with --fold-every: the entries come from the hub's memory")
+    parser.add_argument("--inline", action="store_true",
+                        help="make the append script write the index and the items itself")
     opts = parser.parse_args()
     if opts.prepared and opts.requests:
         sys.exit("--prepared counts calls of 1,000 changes only")
+    if opts.prepared and (opts.fold_every or opts.inline):
+        sys.exit("--prepared writes the index itself: no --fold-every or --inline")
+    if opts.inline and opts.fold_every:
+        sys.exit("--inline leaves nothing to fold")
     source = PREPARED if opts.prepared else b"".join(
         open(os.path.join(opts.scripts, name), "rb").read()
         for name in ("feedsync.lua", "append.lua")
@@ -165,6 +186,7 @@ def main():
             return reply(f)
 
         sha = call("SCRIPT", "LOAD", source)
+        fold_sha = call("SCRIPT", "LOAD", open(os.path.join(opts.scripts, "fold.lua"), "rb").read())
         keys = [f"changehub:{{bench}}:{k}" for k in
                 ("log", "meta", "idem", "idem-at", "res", "res-seq", "sx", "sx-conflicts")]
         # A datetime key (see log.rs): nanoseconds since the epoch + 10^21, 23 digits.
@@ -187,7 +209,38 @@ def main():
         # Last, the epoch the channel takes on its first append.
         args.append("0123456789abcdef")
 
+        if opts.inline:
+            call("ZADD", keys[7], 0, "http://example.com/elsewhere")
+
         updates = [0]
+        appended = [0]
+
+        def fold():
+            # As fold.rs does it: the entries after `folded` read (the chunk holding the first,
+            # then the rest), the items read, each resource written once.
+            last, folded = call("HMGET", keys[1], "last", "folded")
+            if folded is None or int(folded) >= int(last):
+                return
+            start, end = int(folded) + 1, int(last)
+            after = None
+            if not opts.kept:
+                holder = call("XREVRANGE", keys[0], f"{start}-0", "-", "COUNT", 1)
+                after = holder[0][0] if holder else None
+            while not opts.kept:
+                got = call("XRANGE", keys[0], f"({after.decode()}" if after else f"{start}-0",
+                           f"{end}-0", "COUNT", 256)
+                if not got:
+                    break
+                after = got[-1][0]
+            call("HMGET", keys[6], *locs)
+            count = appended[0] * (len(entries) // len(set(locs)))
+            args = []
+            for i, loc in enumerate(dict.fromkeys(locs)):
+                args += [loc, entries[i], end - len(entries) + 1 + i, f"{count} bench", ""]
+            written = call("EVALSHA", fold_sha, 5, keys[1], keys[4], keys[5], keys[6], keys[7],
+                           folded, end, len(args) // 5, *args)
+            if written != b"1":
+                sys.exit(f"the fold script answered {written}")
 
         def prepared_args():
             # What the hub would read and work out before the call: the items, then each
@@ -205,6 +258,9 @@ def main():
             answer = call(*(prepared_args() if opts.prepared else args))
             if answer[0] != b"0":
                 sys.exit(f"the append script answered {answer}")
+            appended[0] += 1
+            if opts.fold_every and appended[0] % opts.fold_every == 0:
+                fold()
 
         def instrument(on):
             if not opts.cpu:

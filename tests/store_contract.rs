@@ -1602,6 +1602,8 @@ async fn redis_common_items_are_counted_and_older_ones_read() {
     )
     .await
     .unwrap();
+    // (A read brings the items up to the log: see redis_the_index_follows_the_log.)
+    s.sync_item("c", &loc("o")).await.unwrap();
     let stored: String = conn.hget(sx, loc("o")).await.unwrap();
     assert_eq!(stored, "2 alice");
 
@@ -1643,6 +1645,220 @@ async fn redis_common_items_are_counted_and_older_ones_read() {
         let p: String = conn.hget(sx, loc("p")).await.unwrap();
         assert_eq!(o, format!("{} alice", 6 + round), "counted from now on");
         assert!(p.starts_with('{'), "the sequence stays ahead: JSON ({p})");
+    }
+}
+
+/// A plain append writes the log alone; the resource index and the FeedSync items follow: at
+/// once for a read, and within a moment without one (the instance folds what it appended).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_the_index_follows_the_log() {
+    use ::redis::AsyncCommands;
+    let server = redis_server::RedisServer::start(false);
+    let s = changehub::store::RedisStore::open(&server.url()).unwrap();
+    let now = at("2024-01-01T00:00:00Z");
+    let client = ::redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let meta = "changehub:{c}:meta";
+    let by_alice = |name, when| sent(name, ChangeType::Updated, Some("alice"), when);
+    let folded = |conn: &mut ::redis::aio::MultiplexedConnection| {
+        let mut conn = conn.clone();
+        async move {
+            let (last, folded): (Option<u64>, Option<u64>) = ::redis::cmd("HMGET")
+                .arg(meta)
+                .arg("last")
+                .arg("folded")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            (last, folded)
+        }
+    };
+
+    // Right after the append, the index is behind the log; a read brings it up first.
+    s.append("c", vec![by_alice("a", "2024-01-01T00:00:01Z")], None, now)
+        .await
+        .unwrap();
+    let behind = folded(&mut conn).await;
+    assert_eq!(behind.0, Some(1));
+    assert!(behind.1 < Some(1), "the index waits: {behind:?}");
+    let page = s.resources("c", 0, 10).await.unwrap();
+    assert_eq!((page.last, page.resources.len()), (1, 1));
+    assert_eq!(folded(&mut conn).await, (Some(1), Some(1)));
+
+    // Without a read, the instance folds what it appended within a moment: from the entries
+    // it sent, and from the log for those the script changed (the last ten, whose datetimes
+    // are raised to the channel's latest).
+    let many: Vec<NewChange> = (0..50)
+        .map(|i| {
+            let when = if i < 40 {
+                "2024-01-01T00:00:02Z"
+            } else {
+                "2024-01-01T00:00:01.5Z"
+            };
+            by_alice(if i % 2 == 0 { "a" } else { "b" }, when)
+        })
+        .collect();
+    for piece in many.chunks(10) {
+        s.append("c", piece.to_vec(), None, now).await.unwrap();
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (last, folded) = folded(&mut conn).await;
+        if last == Some(51) && folded == Some(51) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not folded: last {last:?}, folded {folded:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let a: String = conn
+        .hget("changehub:{c}:sx", "http://example.com/a")
+        .await
+        .unwrap();
+    let b: String = conn
+        .hget("changehub:{c}:sx", "http://example.com/b")
+        .await
+        .unwrap();
+    assert_eq!((a.as_str(), b.as_str()), ("26 alice", "25 alice"));
+    let seq: u64 = conn
+        .zscore("changehub:{c}:res-seq", "http://example.com/a")
+        .await
+        .unwrap();
+    assert_eq!(seq, 50, "the latest change of a");
+    let raised = changehub::store::redis::datetime_key(at("2024-01-01T00:00:02Z"));
+    for name in ["a", "b"] {
+        let entry: String = conn
+            .hget("changehub:{c}:res", format!("http://example.com/{name}"))
+            .await
+            .unwrap();
+        assert!(entry.starts_with(&raised), "{name}: {entry}");
+    }
+}
+
+/// The fold writes the index and the items as the append script does when it writes them
+/// itself (as it does while some item carries conflicts): the same changes, appended to a
+/// channel of each kind, leave the same keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_the_fold_writes_what_the_append_script_writes() {
+    use ::redis::AsyncCommands;
+    let server = redis_server::RedisServer::start(false);
+    let s = changehub::store::RedisStore::open(&server.url()).unwrap();
+    let now = at("2024-01-01T00:00:00Z");
+    let client = ::redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    // A conflict on a resource no change touches keeps channel `inline` inline.
+    let _: () = conn
+        .zadd(
+            "changehub:{inline}:sx-conflicts",
+            "http://example.com/elsewhere",
+            0,
+        )
+        .await
+        .unwrap();
+    let odd = "pub[lisher (a.k.a. *+-?^$%)";
+    let kinds = [
+        ChangeType::Created,
+        ChangeType::Updated,
+        ChangeType::Deleted,
+    ];
+    let mut calls: Vec<Vec<NewChange>> = Vec::new();
+    for call in 0..12 {
+        let mut changes = Vec::new();
+        for i in 0..(3 + call % 4) {
+            let n = (call * 7 + i * 3) % 9;
+            let who = match (call + i) % 5 {
+                0 => None,
+                1 => Some(odd),
+                2 => Some("bob"),
+                _ => Some("alice"),
+            };
+            let when = format!("2024-01-01T00:{:02}:{:02}Z", call, i);
+            changes.push(sent(&format!("r{n}"), kinds[(call + i) % 3], who, &when));
+        }
+        // Resources of one publisher, whose items stay counted.
+        let when = format!("2024-01-01T00:{call:02}:59Z");
+        changes.push(sent("s0", ChangeType::Updated, Some("alice"), &when));
+        if call % 2 == 0 {
+            changes.push(sent("s1", ChangeType::Updated, Some(odd), &when));
+        }
+        calls.push(changes);
+    }
+    // An item as an older hub wrote it, on both channels: its sequence ahead of its updates.
+    for channel in ["inline", "folded"] {
+        s.append(channel, calls[0].clone(), None, now)
+            .await
+            .unwrap();
+        s.resources(channel, 0, 100).await.unwrap();
+        let older = r#"{"id":"http:%2F%2Fexample.com%2Fr3","updates":5,"history":[{"sequence":7,"when":1704067203,"by":"alice"}]}"#;
+        let _: () = conn
+            .hset(
+                format!("changehub:{{{channel}}}:sx"),
+                "http://example.com/r3",
+                older,
+            )
+            .await
+            .unwrap();
+        for changes in &calls[1..] {
+            s.append(channel, changes.clone(), None, now).await.unwrap();
+        }
+    }
+    let inline_meta: Option<u64> = conn
+        .hget("changehub:{inline}:meta", "folded")
+        .await
+        .unwrap();
+    assert_eq!(
+        inline_meta, None,
+        "the inline channel never waits for a fold"
+    );
+    let folded = s.resources("folded", 0, 100).await.unwrap();
+    let inline = s.resources("inline", 0, 100).await.unwrap();
+    assert_eq!(folded.last, inline.last);
+    assert_eq!(folded.resources, inline.resources);
+
+    let res = |channel: &str| format!("changehub:{{{channel}}}:res");
+    let res_seq = |channel: &str| format!("changehub:{{{channel}}}:res-seq");
+    let sx = |channel: &str| format!("changehub:{{{channel}}}:sx");
+    let a: std::collections::BTreeMap<String, Vec<u8>> = conn.hgetall(res("inline")).await.unwrap();
+    let b: std::collections::BTreeMap<String, Vec<u8>> = conn.hgetall(res("folded")).await.unwrap();
+    assert_eq!(a, b, "res");
+    let a: Vec<(String, u64)> = conn
+        .zrange_withscores(res_seq("inline"), 0, -1)
+        .await
+        .unwrap();
+    let b: Vec<(String, u64)> = conn
+        .zrange_withscores(res_seq("folded"), 0, -1)
+        .await
+        .unwrap();
+    assert_eq!(a, b, "res-seq");
+    let a: std::collections::BTreeMap<String, String> = conn.hgetall(sx("inline")).await.unwrap();
+    let b: std::collections::BTreeMap<String, String> = conn.hgetall(sx("folded")).await.unwrap();
+    assert_eq!(a.len(), 11);
+    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+    let mut counted = 0;
+    for (loc, inline) in &a {
+        let folded = &b[loc];
+        assert_eq!(
+            inline.starts_with('{'),
+            folded.starts_with('{'),
+            "{loc}: {inline} / {folded}"
+        );
+        if inline.starts_with('{') {
+            // JSON: written by two encoders, the same item.
+            let x: SyncState = serde_json::from_str(inline).unwrap();
+            let y: SyncState = serde_json::from_str(folded).unwrap();
+            assert_eq!(x, y, "{loc}");
+        } else {
+            assert_eq!(inline, folded, "{loc}");
+            counted += 1;
+        }
+    }
+    assert!(counted > 0 && counted < a.len(), "both forms are compared");
+    for loc in a.keys() {
+        let x = s.sync_item("inline", loc).await.unwrap().unwrap();
+        let y = s.sync_item("folded", loc).await.unwrap().unwrap();
+        assert_eq!(x.sync, y.sync, "{loc}");
     }
 }
 

@@ -4,9 +4,11 @@
 //! `changehub:{c}:sx-conflicts` (sorted set, all scores 0: the locs whose items carry
 //! conflicts, in loc order), in the channel's slot.
 //!
-//! The append script updates the items of the changes it logs (`scripts/feedsync.lua`, loaded
-//! in front of `append.lua`), and adds the number of conflicts to a log entry as its last field
-//! ([`tail_conflicts`] reads it back). A merge runs `feedsync_merge.lua`, then `append.lua` as a
+//! The items of a plain append's changes are updated after it, with the resource index
+//! (`fold.rs`). While some item carries conflicts, the append script updates the items of the
+//! changes it logs itself (`scripts/feedsync.lua`, loaded in front of `append.lua`), and adds
+//! the number of conflicts to a log entry as its last field ([`tail_conflicts`] reads it
+//! back). A merge runs `feedsync_merge.lua`, then `append.lua` as a
 //! function, as one script: the seqs it read are checked first, then the append runs with the
 //! merged items in place of the update.
 
@@ -68,7 +70,10 @@ fn item(change: &crate::model::Change, stored: &[u8]) -> Result<SyncState, Store
 /// A counted item (`UPDATES PUBLISHER`, see `scripts/feedsync.lua`): the item of `change`'s
 /// publisher with one history entry, whose sequence is the number of updates; the rest is what
 /// `change`, the resource's latest change, implies.
-fn counted(change: &crate::model::Change, stored: &[u8]) -> Result<SyncState, StoreError> {
+pub(super) fn counted(
+    change: &crate::model::Change,
+    stored: &[u8],
+) -> Result<SyncState, StoreError> {
     let bad = || {
         StoreError::Corrupt(format!(
             "the FeedSync item of {} is not readable: {:?}",
@@ -96,6 +101,7 @@ pub(super) async fn page(
     limit: usize,
 ) -> Result<SyncPage, StoreError> {
     super::index::ensure_indexed(store, channel).await?;
+    super::fold::up_to_log(&mut store.conn(), channel).await?;
     let mut page = SyncPage::default();
     let mut cursor = after;
     let mut first_call = true;
@@ -145,6 +151,7 @@ pub(super) async fn one(
     loc: &str,
 ) -> Result<Option<Synced>, StoreError> {
     super::index::ensure_indexed(store, channel).await?;
+    super::fold::up_to_log(&mut store.conn(), channel).await?;
     let mut conn = store.conn();
     let (entry, seq, stored): (Option<Vec<u8>>, Option<u64>, Option<Vec<u8>>) = timed(
         redis::pipe()
@@ -172,6 +179,7 @@ pub(super) async fn conflicted(
         return Ok(Vec::new());
     }
     let mut conn = store.conn();
+    super::fold::up_to_log(&mut conn, channel).await?;
     let locs: Vec<String> = timed(
         redis::cmd("ZRANGE")
             .arg(key(channel, "sx-conflicts"))
@@ -201,6 +209,8 @@ pub(super) async fn append_merged(
         news.push(m.change);
     }
     let request = Request::new(news, None, now)?;
+    // The merge script refuses while the index is behind the log (answered as a moved loc).
+    super::fold::up_to_log(&mut store.conn(), channel).await?;
     let mut call = append_call(&MERGE, channel, &[&request]);
     for (expected, sync) in &merged {
         call.arg(expected).arg(sync);

@@ -30,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::conn::Conn;
 use super::events::{known_head, raise, Heads};
+use super::fold::Folds;
 use super::log::{append_call, outcome, run_script, Answer, Request};
 use super::recent::Recent;
 use super::{count_errors, write_until, OP_TIMEOUT};
@@ -66,6 +67,8 @@ pub(super) struct Appends {
     heads: Heads,
     /// Where the changes stored as sent are kept for the batcher's read.
     recent: Arc<Recent>,
+    /// Where the entries stored as sent are kept for the fold of the resource index.
+    folds: Arc<Folds>,
     /// Cancelled when the store is dropped.
     stop: CancellationToken,
     /// The channels with a call running (an append's own, or a writer task's), each with the
@@ -80,6 +83,7 @@ impl Appends {
         script: redis::Script,
         heads: Heads,
         recent: Arc<Recent>,
+        folds: Arc<Folds>,
         stop: CancellationToken,
     ) -> Arc<Appends> {
         Arc::new(Appends {
@@ -87,6 +91,7 @@ impl Appends {
             script,
             heads,
             recent,
+            folds,
             stop,
             waiting: Mutex::default(),
         })
@@ -306,12 +311,23 @@ async fn call(appends: &Appends, channel: &str, batch: Vec<Waiting>) {
         // (The script answers 0 for a replay or a conflict.)
         let as_sent = answer.as_ref().is_ok_and(|a| a.numbers[5 * i + 4] == 1);
         let large = w.request.len() >= KEEP_FROM;
+        let mut request = w.request;
         if let (true, true, Some(_), Ok(appended)) = (large, as_sent, epoch, &o) {
             // Encoded by this process a moment ago, so it reads back; should it not, the
             // batcher reads these changes from the log.
-            if let Ok(changes) = w.request.into_changes(appended.first) {
+            if let Ok(changes) = request.take_changes(appended.first) {
                 kept.extend(changes);
             }
+        }
+        match &o {
+            Ok(appended) if !appended.replayed => {
+                let floor = answer.as_ref().ok().and_then(|a| a.floors[i].as_deref());
+                let entries = request.take_entries(floor);
+                appends
+                    .folds
+                    .appended(channel, appended.first, Some(entries));
+            }
+            _ => {}
         }
         replies.push((w.reply, o));
     }

@@ -249,7 +249,7 @@ pub(super) struct Request {
     entries: Vec<u8>,
     ends: Vec<usize>,
     /// The changes as sent: their locs go to the script apart, and those stored as sent are
-    /// kept for reading back ([`Request::into_changes`]).
+    /// kept for reading back ([`Request::take_changes`]).
     changes: Vec<NewChange>,
     /// Whether the entries' datetime keys never go down from one to the next: the append
     /// script then raises none of them when the first is not below the channel's latest.
@@ -303,7 +303,8 @@ impl Request {
 
     /// Its changes as the log holds them when the append script stored every entry as sent,
     /// numbered from `first`: what [`decode_entry`] reads from those entries.
-    pub(super) fn into_changes(mut self, first: u64) -> Result<Vec<Change>, StoreError> {
+    /// Takes the changes: the entries stay, for [`Request::take_entries`].
+    pub(super) fn take_changes(&mut self, first: u64) -> Result<Vec<Change>, StoreError> {
         let changes = std::mem::take(&mut self.changes);
         (first..)
             .zip(changes)
@@ -311,6 +312,29 @@ impl Request {
             // As decode_entry reads the entry, the change as sent standing for its JSON.
             .map(|((seq, new), entry)| entry_change(seq, entry, |_| Ok(new)))
             .collect()
+    }
+
+    /// Takes the entries, one after the other in one buffer, and where each one ends, as the
+    /// append script stored them: each datetime key raised to `floor` and to every key before
+    /// it (the script's clamp; see `scripts/append.lua`).
+    pub(super) fn take_entries(&mut self, floor: Option<&[u8]>) -> (Vec<u8>, Vec<usize>) {
+        let mut entries = std::mem::take(&mut self.entries);
+        let ends = std::mem::take(&mut self.ends);
+        let mut running = [0u8; DT_KEY_LEN];
+        if let Some(floor) = floor.filter(|f| f.len() == DT_KEY_LEN) {
+            running.copy_from_slice(floor);
+        }
+        let mut start = 0;
+        for &end in &ends {
+            let key = &mut entries[start..start + DT_KEY_LEN];
+            if *key < running[..] {
+                key.copy_from_slice(&running);
+            } else {
+                running.copy_from_slice(key);
+            }
+            start = end;
+        }
+        (entries, ends)
     }
 
     /// The number of changes.
@@ -393,11 +417,13 @@ pub(super) fn append_call(script: &Script, channel: &str, requests: &[&Request])
 
 /// What the append script answered (see `scripts/append.lua`): five numbers per request —
 /// [`outcome`] reads the first four, the fifth is 1 when the request's entries were stored
-/// as sent — and the channel's epoch (none only from the merge script when it appended
-/// nothing).
+/// as sent — the channel's epoch (none only from the merge script when it appended
+/// nothing), and per request the datetime key its entries were raised to at least (none
+/// when the channel had none; all none from the merge script when it appended nothing).
 pub(super) struct Answer {
     pub numbers: Vec<u64>,
     pub epoch: Option<String>,
+    pub floors: Vec<Option<Vec<u8>>>,
 }
 
 impl Answer {
@@ -411,12 +437,11 @@ impl Answer {
         let Value::Array(items) = &reply else {
             return Err(bad(&reply));
         };
-        let Some((epoch, numbers)) = items.split_last() else {
-            return Err(bad(&reply));
-        };
-        if numbers.len() != 5 * requests {
+        if items.len() <= 5 * requests {
             return Err(bad(&reply));
         }
+        let (numbers, rest) = items.split_at(5 * requests);
+        let (epoch, floors) = rest.split_first().ok_or_else(|| bad(&reply))?;
         let epoch = match epoch {
             Value::Nil => None,
             Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
@@ -430,7 +455,22 @@ impl Answer {
             })
             .collect::<Option<Vec<u64>>>()
             .ok_or_else(|| bad(&reply))?;
-        Ok(Answer { numbers, epoch })
+        let floors = match floors.len() {
+            0 => vec![None; requests],
+            n if n == requests => floors
+                .iter()
+                .map(|f| match f {
+                    Value::BulkString(b) if b.len() == DT_KEY_LEN => Some(b.clone()),
+                    _ => None,
+                })
+                .collect(),
+            _ => return Err(bad(&reply)),
+        };
+        Ok(Answer {
+            numbers,
+            epoch,
+            floors,
+        })
     }
 }
 
@@ -673,6 +713,8 @@ pub(super) async fn trim(
     retention: Retention,
     now: OffsetDateTime,
 ) -> Result<u64, StoreError> {
+    // Retention never trims what the index does not reflect yet (trim.lua).
+    super::fold::up_to_log(&mut store.conn(), channel).await?;
     let head = head(store, channel).await?;
     let retained = (head.last + 1).saturating_sub(head.oldest);
     let mut wanted = head.oldest + retained.saturating_sub(retention.max_changes);
@@ -770,13 +812,13 @@ mod tests {
                 ..NewChange::new("http://example.com/c\"é", ChangeType::Updated)
             },
         ];
-        let request = Request::new(changes, None, now).unwrap();
+        let mut request = Request::new(changes, None, now).unwrap();
         let decoded: Vec<Change> = request
             .entries()
             .enumerate()
             .map(|(i, e)| decode_entry(7 + i as u64, e).unwrap())
             .collect();
-        let kept = request.into_changes(7).unwrap();
+        let kept = request.take_changes(7).unwrap();
         assert_eq!(kept, decoded);
         let rendered = |changes: &[Change]| serde_json::to_string(changes).unwrap();
         assert_eq!(rendered(&kept), rendered(&decoded));
@@ -845,6 +887,65 @@ mod tests {
             Some("1969-12-31T23:59:59Z"),
             Some("1900-01-01T00:00:00Z")
         ]));
+    }
+
+    #[test]
+    fn entries_taken_for_the_fold_are_clamped_as_the_script_clamps_them() {
+        let t = |s: &str| crate::model::parse_w3c_datetime(s).unwrap();
+        let key = |s: &str| datetime_key(t(s)).into_bytes();
+        let at = [
+            "2024-01-01T00:00:05Z",
+            "2024-01-01T00:00:03Z",
+            "2024-01-01T00:00:07Z",
+        ];
+        let taken = |floor: Option<&str>| {
+            let changes = at
+                .iter()
+                .map(|d| NewChange {
+                    datetime: Some(t(d)),
+                    ..NewChange::new("http://example.com/a", ChangeType::Updated)
+                })
+                .collect();
+            let mut request = Request::new(changes, None, t(at[0])).unwrap();
+            let sent: Vec<Vec<u8>> = request.entries().map(<[u8]>::to_vec).collect();
+            let floor = floor.map(key);
+            let (entries, ends) = request.take_entries(floor.as_deref());
+            let mut start = 0;
+            let mut out = Vec::new();
+            for (end, sent) in ends.iter().zip(&sent) {
+                let entry = &entries[start..*end];
+                // Only the datetime key may differ from the entry as sent.
+                assert_eq!(entry[DT_KEY_LEN..], sent[DT_KEY_LEN..]);
+                out.push(entry[..DT_KEY_LEN].to_vec());
+                start = *end;
+            }
+            out
+        };
+        let keys = |ks: [&str; 3]| ks.map(key).to_vec();
+        assert_eq!(
+            taken(None),
+            keys([
+                "2024-01-01T00:00:05Z",
+                "2024-01-01T00:00:05Z",
+                "2024-01-01T00:00:07Z"
+            ])
+        );
+        assert_eq!(
+            taken(Some("2024-01-01T00:00:06Z")),
+            keys([
+                "2024-01-01T00:00:06Z",
+                "2024-01-01T00:00:06Z",
+                "2024-01-01T00:00:07Z"
+            ])
+        );
+        assert_eq!(
+            taken(Some("2024-01-01T00:00:01Z")),
+            keys([
+                "2024-01-01T00:00:05Z",
+                "2024-01-01T00:00:05Z",
+                "2024-01-01T00:00:07Z"
+            ])
+        );
     }
 
     #[test]

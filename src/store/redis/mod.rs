@@ -5,7 +5,8 @@
 //! head, trim), `group` (group commit: one append script call per channel at a time, for all
 //! the appends waiting), `recent` (the changes of the large requests this instance appended
 //! last, read back without the log), `head_reads` (one head read shared by the requests that
-//! wait for it), `index` (the resource index), `feedsync` (the FeedSync items),
+//! wait for it), `index` (the resource index), `feedsync` (the FeedSync items), `fold` (the
+//! index and the items brought up to the log after the append),
 //! `subscriptions` (subscriptions and delivery state), `leases` (channel ownership), `events`
 //! (pub/sub between instances); the Lua scripts are in `scripts/`.
 //!
@@ -15,10 +16,10 @@
 //! | key | type | what |
 //! |---|---|---|
 //! | `changehub:{c}:log` | stream | the log, in chunks: an entry holds up to 32 changes with consecutive seqs, id `FIRST-0` (the seq of the first), one field per change in seq order (`e` alone, `c` each when several): the final datetime as a 23-digit sortable key, then the change as the source sent it (JSON, empty fields left out) |
-//! | `changehub:{c}:meta` | hash | `last` (newest seq), `oldest` (first retained seq), `dt` (latest datetime key), `published` (what the owner announced), `indexed` (the resource index is complete), `created` (when the channel began, a datetime key), `epoch` (the log's epoch, set by the first append or the first origin read: a log lost and begun again gets another) |
+//! | `changehub:{c}:meta` | hash | `last` (newest seq), `oldest` (first retained seq), `folded` (the seq up to which the resource index and the FeedSync items reflect the log; none: all of it, see `fold`), `dt` (latest datetime key), `published` (what the owner announced), `indexed` (the resource index is complete), `created` (when the channel began, a datetime key), `epoch` (the log's epoch, set by the first append or the first origin read: a log lost and begun again gets another) |
 //! | `changehub:{c}:res` | hash | resource index: loc → the log entry of its latest change |
 //! | `changehub:{c}:res-seq` | sorted set | resource index: loc by the seq of its latest change |
-//! | `changehub:{c}:sx` | hash | FeedSync items: loc → its sync metadata, written by the append script: `UPDATES PUBLISHER` for one publisher's updates (the rest implied by the resource's latest change), otherwise JSON |
+//! | `changehub:{c}:sx` | hash | FeedSync items: loc → its sync metadata, written by the fold (or by the append script, see `fold`): `UPDATES PUBLISHER` for one publisher's updates (the rest implied by the resource's latest change), otherwise JSON |
 //! | `changehub:{c}:sx-conflicts` | sorted set | the locs whose FeedSync items carry conflicts (scores 0: loc order) |
 //! | `changehub:{c}:idem` | hash | idempotency key → `at first last accepted fingerprint` |
 //! | `changehub:{c}:idem-at` | sorted set | idempotency key by time, to forget them after 24 h |
@@ -45,7 +46,8 @@
 //! runs unchanged on either.
 //!
 //! Appends run as one Lua script (idempotency check, next seqs, datetime clamp, an `XADD` with
-//! an explicit id per chunk of 32 changes, meta update, `PUBLISH`), so concurrent ingest on
+//! an explicit id per chunk of 32 changes, meta update, `PUBLISH`; the resource index and the
+//! FeedSync items follow later, see `fold`), so concurrent ingest on
 //! any number of instances yields gapless seqs. Within one process the appends of a channel
 //! are grouped: while one script call for the channel runs, the appends that come wait, and
 //! the next call takes them all (each keeps its own idempotency check and outcome); a request
@@ -85,6 +87,7 @@ mod bridges;
 mod conn;
 mod events;
 mod feedsync;
+mod fold;
 mod group;
 mod head_reads;
 mod index;
@@ -238,11 +241,14 @@ impl RedisStore {
             include_str!("scripts/append.lua")
         ));
         let recent = Arc::new(recent::Recent::default());
+        let folds = Arc::new(fold::Folds::default());
+        tokio::spawn(fold::run(conn.clone(), folds.clone(), stop.clone()));
         let appends = group::Appends::new(
             appending,
             append,
             heads.clone(),
             recent.clone(),
+            folds,
             stop.clone(),
         );
         Ok(RedisStore {

@@ -11,8 +11,19 @@
 -- Returns 5 numbers per request, in order: status (0 appended, 1 replayed: the key was seen
 -- with the same fingerprint, 2 conflict: with another one), accepted, first and last seq, and
 -- 1 when every entry of the request was stored as sent (no datetime raised, no conflicts
--- count added; 0 otherwise); then the channel's epoch. The hub keeps the changes stored as
--- sent, with that epoch, to read them back without the log (recent.rs).
+-- count added; 0 otherwise); then the channel's epoch; then, per request, the channel's
+-- latest datetime key before it ('' for none), which its entries' datetime keys were raised
+-- to at least. The hub keeps the changes stored as sent, with that epoch, to read them back
+-- without the log (recent.rs), and the entries for the fold (fold.rs).
+-- Deferred or inline: the resource index (`res`, `res-seq`) and the FeedSync items (`sx`,
+-- `sx-conflicts`) reflect the log up to the meta's `folded` (all of it when there is no
+-- `folded`: an older hub wrote them with every append). A plain append while no item carries
+-- conflicts writes the log alone and leaves them to the hub, which brings them up to the log
+-- later, many calls at once (fold.rs). A merge (the merge script sets sx_inline), or any
+-- append while some item carries conflicts (an entry then gets its item's number of
+-- conflicts, which needs the item current), writes them with the log, as older hubs did: the
+-- merge script refuses to run while they are behind, and while some item carries conflicts
+-- every append is inline, so they cannot be behind then (only a merge adds conflicts).
 -- The changes of the call go into the log CHUNK at a time, one stream entry per chunk (see
 -- log.rs): id FIRST-0, where FIRST is the seq of its first change, and one field per change,
 -- in seq order; `e` when the entry holds one change, `c` for each when it holds more. A field
@@ -25,7 +36,7 @@ for j = 0, r - 1 do total = total + ARGV[8 + 5 * j] end
 -- ARGV[entry0 + i] is the i-th entry of the call (from 1), ARGV[loc0 + i] its loc.
 local entry0 = 4 + 5 * r
 local loc0 = entry0 + total
-local meta = redis.call('HMGET', KEYS[2], 'last', 'dt', 'epoch')
+local meta = redis.call('HMGET', KEYS[2], 'last', 'dt', 'epoch', 'folded')
 local epoch = meta[3]
 if not epoch then
   epoch = ARGV[loc0 + total + 1]
@@ -34,6 +45,10 @@ end
 local before = tonumber(meta[1] or '0')
 local last = before
 local latest = meta[2] or ''
+local inline = sx_inline or redis.call('ZCARD', KEYS[8]) > 0
+if inline and meta[4] and meta[4] + 0 ~= before then
+  return redis.error_reply('changehub: the resource index is behind the log of ' .. ARGV[3])
+end
 -- The index is written in pieces of at most 500 changes, one HSET and one ZADD each (a call
 -- per change would cost more than the XADD); within a piece a later change of the same loc
 -- wins, as it comes later in the arguments.
@@ -60,7 +75,7 @@ local function flush_chunk()
 end
 -- Every item the call may update is read at once (those of a request that turns out to be a
 -- replay too: rare, and harmless).
-sx_prefetch(KEYS[7], loc0, total)
+if inline then sx_prefetch(KEYS[7], loc0, total) end
 
 -- The outcome of a request with idempotency key `key`: nil when it is to be appended.
 local function seen(key, fp, now)
@@ -74,6 +89,7 @@ local function seen(key, fp, now)
 end
 
 local out, answered = {}, 0
+local floors = {}
 local done = 0 -- changes of the requests before this one
 for j = 0, r - 1 do
   local key, fp = ARGV[5 + 5 * j], ARGV[6 + 5 * j]
@@ -84,6 +100,7 @@ for j = 0, r - 1 do
     now = ARGV[7 + 5 * j] + 0
     outcome = seen(key, fp, now)
   end
+  floors[j + 1] = latest
   if outcome == nil then
     local first = last + 1
     -- A change's datetime never goes below the channel's latest: it is raised to it. A
@@ -106,7 +123,7 @@ for j = 0, r - 1 do
         latest = d
       end
       last = last + 1
-      e = sx_record(res_key, loc, e)
+      if inline then e = sx_record(res_key, loc, e) end
       -- (Strings are interned: this compares two pointers.)
       if e ~= sent_e then sent = 0 end
       -- The index's score is the seq; a chunk's entry id is its first seq (XADD makes it SEQ-0).
@@ -116,12 +133,14 @@ for j = 0, r - 1 do
       chunk[2 * chunked - 1] = 'c'
       chunk[2 * chunked] = e
       if chunked >= CHUNK then flush_chunk() end
-      pieced = pieced + 2
-      entries[pieced - 1] = loc
-      entries[pieced] = e
-      scores[pieced - 1] = id
-      scores[pieced] = loc
-      if pieced >= 1000 then flush_index() end
+      if inline then
+        pieced = pieced + 2
+        entries[pieced - 1] = loc
+        entries[pieced] = e
+        scores[pieced - 1] = id
+        scores[pieced] = loc
+        if pieced >= 1000 then flush_index() end
+      end
     end
     if ordered then latest = n == 1 and first_key or sub(ARGV[entry0 + done + n], 1, 23) end
     -- Recorded at once, so that a later request of this call with the same key sees it.
@@ -139,9 +158,16 @@ for j = 0, r - 1 do
   done = done + n
 end
 flush_chunk()
-flush_index()
-sx_flush(KEYS[7], KEYS[8])
+if inline then
+  flush_index()
+  sx_flush(KEYS[7], KEYS[8])
+end
 if last > before then
+  if inline then
+    if meta[4] then redis.call('HSET', KEYS[2], 'folded', string.format('%d', last)) end
+  elseif not meta[4] then
+    redis.call('HSET', KEYS[2], 'folded', string.format('%d', before))
+  end
   -- A new channel's index is complete from the start; an older one is completed by backfill.lua.
   if before == 0 then redis.call('HSET', KEYS[2], 'indexed', '1') end
   redis.call('HSET', KEYS[2], 'last', string.format('%d', last), 'dt', latest)
@@ -150,4 +176,5 @@ if last > before then
   redis.call('PUBLISH', ARGV[2], string.format('head %s %d', ARGV[3], last))
 end
 out[answered + 1] = epoch
+for j = 1, r do out[answered + 1 + j] = floors[j] end
 return out

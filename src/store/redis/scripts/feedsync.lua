@@ -19,6 +19,8 @@
 -- Lists grow by their own counters, not by `#`: Lua 5.1 searches for a table's length.
 local sx_items, sx_order, sx_merged, sx_had, sx_prev, sx_table = {}, {}, {}, {}, {}, {}
 local sx_recorded = 0
+-- Set by the merge script: the append writes the items and the index with the log (append.lua).
+local sx_inline = false
 -- Called for every change: kept in locals (a global is a table lookup each time).
 local find, format, match = string.find, string.format, string.match
 

@@ -1,7 +1,9 @@
 -- KEYS: meta, res (loc -> entry), res-seq (loc by seq)
 -- ARGV: after (seq), limit
--- Returns the channel's last seq, then the seq and entry of each resource of the page.
-local last = redis.call('HGET', KEYS[1], 'last') or '0'
+-- Returns the seq the index reflects, then the seq and entry of each resource of the page.
+-- The seq the index reflects: `folded` when the hub keeps it apart from the log (append.lua).
+local heads = redis.call('HMGET', KEYS[1], 'last', 'folded')
+local last = heads[2] or heads[1] or '0'
 local page = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. ARGV[1], '+inf', 'WITHSCORES', 'LIMIT', 0, ARGV[2])
 local out = {last}
 local i = 1

@@ -1,9 +1,12 @@
 -- KEYS: log, meta, idem, idem-at; ARGV: wanted oldest seq, forget keys dated at or before (unix s)
-local meta = redis.call('HMGET', KEYS[2], 'oldest', 'last')
+local meta = redis.call('HMGET', KEYS[2], 'oldest', 'last', 'folded')
 local oldest = tonumber(meta[1] or '1')
 local last = tonumber(meta[2] or '0')
 local want = tonumber(ARGV[1])
 if want > last then want = last end
+-- Never past what the index reflects: the hub brings it up from the log (fold.rs). The change
+-- after `folded` stays.
+if meta[3] and want > meta[3] + 1 then want = meta[3] + 1 end
 local removed = 0
 if want > oldest then
   -- Whole entries only: the one that holds `want` stays (see log.rs), readers leave out the

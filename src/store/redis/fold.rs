@@ -1,0 +1,563 @@
+//! The resource index (`res`, `res-seq`) and the FeedSync items (`sx`, `sx-conflicts`)
+//! brought up to the log after the append, many calls at once.
+//!
+//! A plain append writes the log alone (see `scripts/append.lua`): the meta's `folded` is the
+//! seq up to which the index and the items reflect the log. This module brings them up to the
+//! log's `last`: it reads the log entries after `folded`, works out the latest change of each
+//! resource and each item's new state here (what `scripts/feedsync.lua` would have computed
+//! change by change, as `model::feedsync::record_local` says), and writes each resource once
+//! with `scripts/fold.lua`, which refuses when `folded` moved meanwhile (another instance, or
+//! a read, came first; then this one reads again). Writing the index with every append cost
+//! Redis about two thirds of a 1,000-change append; folded, a resource changed by many calls
+//! is written once (`docs/performance.md`, thirtieth pass).
+//!
+//! When: every instance folds the channels it appended to every [`FOLD_EVERY`] ([`run`]),
+//! and every read of the index or the items, a merge and the retention's trim fold first
+//! ([`up_to_log`]), so what they read includes every change appended before they began — as
+//! when the index was written with the append. A read that comes in between reports the seq
+//! the index reflects (`folded`), never more. Retention never trims past `folded`, so the
+//! changes still to fold stay in the log.
+//!
+//! Invariant kept with the scripts: while some item carries conflicts every append writes
+//! the index and the items itself (inline), and only a merge, which first needs `folded` up
+//! to `last`, adds conflicts; so entries never need an item's conflicts while it is behind.
+
+use redis::{Cmd, Script, Value};
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::Duration;
+use time::OffsetDateTime;
+use tokio_util::sync::CancellationToken;
+
+use super::conn::Conn;
+use super::log::{decode_entry, run_script};
+use super::{decode, key, timed, timed_write};
+use crate::model::feedsync::{self, SyncState};
+use crate::model::ChangeType;
+use crate::store::StoreError;
+
+/// How often an instance folds the channels it appended to.
+pub const FOLD_EVERY: Duration = Duration::from_millis(250);
+/// At most this many changes are read and written by one fold call (a script holds Redis
+/// while it runs); a fold of more takes several.
+const FOLD_CHUNK: usize = 20_000;
+/// Log entries read per range read.
+const READ_ENTRIES: usize = 256;
+/// Items read per `HMGET`.
+const READ_ITEMS: usize = 1000;
+/// A fold that keeps losing to other folds gives up after this many rounds (the index then
+/// reports an older `folded`; nothing is lost).
+const MAX_ROUNDS: usize = 64;
+
+static FOLD: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/fold.lua")));
+
+/// Entries this instance kept for folds at most, in bytes: past it, the kept entries of the
+/// channel are dropped (its fold reads them from the log) and the folder runs at once.
+const MAX_KEPT: usize = 32 << 20;
+
+/// The channels this instance appended to since its last fold, with the entries of its
+/// appends that the script stored as sent (what the fold would otherwise read from the log).
+#[derive(Default)]
+pub(super) struct Folds {
+    state: Mutex<Kept>,
+    /// Wakes the folder before its time when much is kept.
+    full: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct Kept {
+    channels: HashMap<String, Vec<Piece>>,
+    bytes: usize,
+}
+
+/// The entries of one append: `entries[..ends[0]]` is seq `first`, and so on.
+struct Piece {
+    first: u64,
+    entries: Vec<u8>,
+    ends: Vec<usize>,
+}
+
+impl Piece {
+    fn last(&self) -> u64 {
+        self.first + self.ends.len() as u64 - 1
+    }
+}
+
+impl Folds {
+    fn state(&self) -> std::sync::MutexGuard<'_, Kept> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Notes an append to `channel` from seq `first` on, with its entries when the script
+    /// stored them as sent.
+    pub(super) fn appended(
+        &self,
+        channel: &str,
+        first: u64,
+        entries: Option<(Vec<u8>, Vec<usize>)>,
+    ) {
+        let mut state = self.state();
+        let kept = &mut *state;
+        let pieces = match kept.channels.get_mut(channel) {
+            Some(pieces) => pieces,
+            None => kept.channels.entry(channel.to_string()).or_default(),
+        };
+        if let Some((entries, ends)) = entries.filter(|(_, ends)| !ends.is_empty()) {
+            kept.bytes += entries.len();
+            pieces.push(Piece {
+                first,
+                entries,
+                ends,
+            });
+        }
+        if kept.bytes > MAX_KEPT {
+            let dropped: usize = pieces.drain(..).map(|p| p.entries.len()).sum();
+            kept.bytes -= dropped;
+            self.full.notify_one();
+        }
+    }
+
+    /// The channels appended to since the last call, each with its kept entries.
+    fn take(&self) -> HashMap<String, Vec<Piece>> {
+        let mut state = self.state();
+        state.bytes = 0;
+        std::mem::take(&mut state.channels)
+    }
+}
+
+/// Folds the channels appended to every [`FOLD_EVERY`] (or at once when much is kept) until
+/// `stop`.
+pub(super) async fn run(mut conn: Conn, folds: Arc<Folds>, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(FOLD_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+            _ = folds.full.notified() => {}
+        }
+        for (channel, kept) in folds.take() {
+            if let Err(e) = fold(&mut conn, &channel, kept).await {
+                tracing::warn!(%channel, error = %e, "could not bring the resource index up to the log");
+                folds.appended(&channel, 0, None);
+            }
+        }
+    }
+}
+
+/// Brings `channel`'s index and items up to the `last` its meta has now.
+pub(super) async fn up_to_log(conn: &mut Conn, channel: &str) -> Result<(), StoreError> {
+    fold(conn, channel, Vec::new()).await
+}
+
+/// As [`up_to_log`], taking the entries in `kept` from there rather than from the log; with
+/// entries kept, only up to the newest of them: appends that ended since are folded next time,
+/// from their own entries.
+async fn fold(conn: &mut Conn, channel: &str, mut kept: Vec<Piece>) -> Result<(), StoreError> {
+    let kept_end = kept.iter().map(Piece::last).max();
+    for _ in 0..MAX_ROUNDS {
+        let (last, folded): (Option<u64>, Option<u64>) = timed(
+            redis::cmd("HMGET")
+                .arg(key(channel, "meta"))
+                .arg("last")
+                .arg("folded")
+                .query_async(conn),
+        )
+        .await?;
+        let (Some(last), Some(folded)) = (last, folded) else {
+            // No `folded`: the index is written with every append.
+            return Ok(());
+        };
+        let target = kept_end.map_or(last, |end| end.min(last));
+        if folded >= target {
+            return Ok(());
+        }
+        let read = read_entries(conn, channel, folded + 1, target, &mut kept).await?;
+        let upto = read.entries.last().map_or(target, |(seq, _, _)| *seq);
+        let resources = coalesce(&read)?;
+        let call = fold_call(conn, channel, folded, upto, &read, resources).await?;
+        let written: i64 = timed_write(run_script(&FOLD, &call, conn)).await?;
+        if written == 1 && upto >= target {
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+/// Log entries: (seq, buffer, range of the entry in it), in seq order.
+#[derive(Default)]
+struct Read {
+    buffers: Vec<Vec<u8>>,
+    entries: Vec<(u64, usize, std::ops::Range<usize>)>,
+}
+
+impl Read {
+    fn entry(&self, i: usize) -> &[u8] {
+        let (_, buffer, range) = &self.entries[i];
+        &self.buffers[*buffer][range.clone()]
+    }
+
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+}
+
+/// The log entries of `channel` from seq `from` to `last`, about [`FOLD_CHUNK`] changes at
+/// most: those of the pieces in `kept` while they follow on from `from` (used up), the rest
+/// read from the log, whole chunks.
+async fn read_entries(
+    conn: &mut Conn,
+    channel: &str,
+    from: u64,
+    last: u64,
+    kept: &mut Vec<Piece>,
+) -> Result<Read, StoreError> {
+    let mut out = Read::default();
+    let mut next = from;
+    while out.len() < FOLD_CHUNK && next <= last {
+        // (Appends of one channel may end out of order: large ones go at once.)
+        kept.retain(|p| p.last() >= next);
+        let Some(at) = kept.iter().position(|p| p.first <= next) else {
+            break;
+        };
+        let piece = kept.remove(at);
+        let buffer = out.buffers.len();
+        let mut start = 0;
+        for (i, &end) in piece.ends.iter().enumerate() {
+            let seq = piece.first + i as u64;
+            if (next..=last).contains(&seq) {
+                out.entries.push((seq, buffer, start..end));
+            }
+            start = end;
+        }
+        next = next.max(piece.last().min(last) + 1);
+        out.buffers.push(piece.entries);
+    }
+    if out.len() >= FOLD_CHUNK || next > last {
+        return Ok(out);
+    }
+    let log = key(channel, "log");
+    // The chunk that holds `next` (its id is its first seq, which may be below `next`).
+    let holder: Value = timed(
+        redis::cmd("XREVRANGE")
+            .arg(&log)
+            .arg(format!("{next}-0"))
+            .arg("-")
+            .arg("COUNT")
+            .arg(1)
+            .query_async(conn),
+    )
+    .await?;
+    let had = out.len();
+    let mut after = entries_of(holder, next, last, &mut out)?;
+    while out.len() < FOLD_CHUNK {
+        let start = match &after {
+            Some(id) => format!("({id}"),
+            None => format!("{next}-0"),
+        };
+        let reply: Value = timed(
+            redis::cmd("XRANGE")
+                .arg(&log)
+                .arg(start)
+                .arg(format!("{last}-0"))
+                .arg("COUNT")
+                .arg(READ_ENTRIES)
+                .query_async(conn),
+        )
+        .await?;
+        let Some(id) = entries_of(reply, next, last, &mut out)? else {
+            break;
+        };
+        after = Some(id);
+    }
+    if out.entries.get(had).is_some_and(|(seq, _, _)| *seq != next) {
+        tracing::warn!(%channel, next, "log entries to fold are missing: folding what is there");
+    }
+    Ok(out)
+}
+
+/// Adds the changes of a range reply's entries with a seq from `from` to `last` to `out`;
+/// returns the id of the reply's last entry (none when it had none).
+fn entries_of(
+    reply: Value,
+    from: u64,
+    last: u64,
+    out: &mut Read,
+) -> Result<Option<String>, StoreError> {
+    let entries = match reply {
+        Value::Array(entries) => entries,
+        Value::Nil => Vec::new(),
+        other => return Err(StoreError::Corrupt(format!("bad log reply {other:?}"))),
+    };
+    let mut last_id = None;
+    for entry in entries {
+        let bad = || StoreError::Corrupt("bad log entry".to_string());
+        let Value::Array(parts) = entry else {
+            return Err(bad());
+        };
+        let [Value::BulkString(id), Value::Array(fields)] =
+            <[Value; 2]>::try_from(parts).map_err(|_| bad())?
+        else {
+            return Err(bad());
+        };
+        let id = String::from_utf8_lossy(&id).into_owned();
+        let mut seq: u64 = id
+            .split_once('-')
+            .and_then(|(s, _)| s.parse().ok())
+            .ok_or_else(bad)?;
+        let mut fields = fields.into_iter();
+        while let (Some(name), Some(value)) = (fields.next(), fields.next()) {
+            let (Value::BulkString(name), Value::BulkString(value)) = (name, value) else {
+                continue;
+            };
+            if name.as_slice() != b"e" && name.as_slice() != b"c" {
+                continue;
+            }
+            if (from..=last).contains(&seq) {
+                let len = value.len();
+                out.entries.push((seq, out.buffers.len(), 0..len));
+                out.buffers.push(value);
+            }
+            seq += 1;
+        }
+        last_id = Some(id);
+    }
+    Ok(last_id)
+}
+
+/// What a log entry says about its resource's item: its loc, publisher, time and kind.
+#[derive(serde::Deserialize)]
+struct Head<'a> {
+    #[serde(borrow)]
+    loc: Cow<'a, str>,
+    change: ChangeType,
+    #[serde(borrow, default)]
+    source: Option<Cow<'a, str>>,
+}
+
+/// One change of a resource, as its item takes it.
+struct Step {
+    /// Index into [`Resources::publishers`]; none for a change without a plain publisher.
+    by: Option<usize>,
+    /// Whole seconds since the epoch, from the entry's datetime key.
+    when: i64,
+    deleted: bool,
+}
+
+/// A resource changed in the entries being folded.
+struct Resource {
+    /// Its latest change: the seq, and the index of the entry in the read.
+    seq: u64,
+    entry: usize,
+    steps: Vec<Step>,
+}
+
+struct Resources {
+    by_loc: HashMap<String, Resource>,
+    publishers: Vec<String>,
+}
+
+/// The resources of `read`, each with its changes in order.
+fn coalesce(read: &Read) -> Result<Resources, StoreError> {
+    let mut out = Resources {
+        by_loc: HashMap::new(),
+        publishers: Vec::new(),
+    };
+    for (i, (seq, _, _)) in read.entries.iter().enumerate() {
+        let entry = read.entry(i);
+        let bad = || StoreError::Corrupt(format!("log entry {seq} is not readable"));
+        let (key, json) = entry.split_at_checked(23).ok_or_else(bad)?;
+        let head: Head = serde_json::from_slice(json).map_err(|_| bad())?;
+        let when = std::str::from_utf8(&key[..14])
+            .ok()
+            .and_then(|s| s.parse::<i64>().ok())
+            .ok_or_else(bad)?
+            - 1_000_000_000_000;
+        // A publisher whose name JSON escapes is not one (as feedsync.lua reads the entry).
+        let by = match head.source.as_deref() {
+            Some(s) if plain(s) => Some(match out.publishers.iter().position(|p| p == s) {
+                Some(at) => at,
+                None => {
+                    out.publishers.push(s.to_string());
+                    out.publishers.len() - 1
+                }
+            }),
+            _ => None,
+        };
+        let step = Step {
+            by,
+            when,
+            deleted: head.change == ChangeType::Deleted,
+        };
+        match out.by_loc.get_mut(head.loc.as_ref()) {
+            Some(r) => {
+                r.seq = *seq;
+                r.entry = i;
+                r.steps.push(step);
+            }
+            None => {
+                out.by_loc.insert(
+                    head.loc.into_owned(),
+                    Resource {
+                        seq: *seq,
+                        entry: i,
+                        steps: vec![step],
+                    },
+                );
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Whether JSON writes `s` as it is (no quote, backslash or control character).
+fn plain(s: &str) -> bool {
+    !s.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20)
+}
+
+/// The fold script's call for `resources`: reads their items (and, for a counted item that
+/// does not just count on, the resource's latest change before the fold), works out each
+/// one's new item.
+async fn fold_call(
+    conn: &mut Conn,
+    channel: &str,
+    folded: u64,
+    upto: u64,
+    read: &Read,
+    resources: Resources,
+) -> Result<Cmd, StoreError> {
+    let locs: Vec<&String> = resources.by_loc.keys().collect();
+    let mut stored: Vec<Option<Vec<u8>>> = Vec::with_capacity(locs.len());
+    for piece in locs.chunks(READ_ITEMS) {
+        let items: Vec<Option<Vec<u8>>> = timed(
+            redis::cmd("HMGET")
+                .arg(key(channel, "sx"))
+                .arg(piece)
+                .query_async(conn),
+        )
+        .await?;
+        stored.extend(items);
+    }
+    let mut cmd = Cmd::new();
+    cmd.arg("EVALSHA")
+        .arg(FOLD.get_hash())
+        .arg(5)
+        .arg(key(channel, "meta"))
+        .arg(key(channel, "res"))
+        .arg(key(channel, "res-seq"))
+        .arg(key(channel, "sx"))
+        .arg(key(channel, "sx-conflicts"))
+        .arg(folded)
+        .arg(upto)
+        .arg(locs.len());
+    for (loc, stored) in locs.iter().zip(stored) {
+        let resource = &resources.by_loc[*loc];
+        let (item, conflicts) = match counted_on(stored.as_deref(), resource, &resources) {
+            Some(item) => (item, ""),
+            None => {
+                let before = match stored.as_deref() {
+                    Some([b'0'..=b'9', ..]) => {
+                        let entry: Option<Vec<u8>> = timed(
+                            redis::cmd("HGET")
+                                .arg(key(channel, "res"))
+                                .arg(loc.as_str())
+                                .query_async(conn),
+                        )
+                        .await?;
+                        entry
+                    }
+                    _ => None,
+                };
+                recorded(
+                    loc,
+                    stored.as_deref(),
+                    before.as_deref(),
+                    resource,
+                    &resources,
+                )?
+            }
+        };
+        cmd.arg(loc.as_str())
+            .arg(read.entry(resource.entry))
+            .arg(resource.seq)
+            .arg(item)
+            .arg(conflicts);
+    }
+    Ok(cmd)
+}
+
+/// The common case, worked out without the item: every change of the resource is by the one
+/// publisher its stored item counts (or it has none yet), so the count goes on.
+fn counted_on(stored: Option<&[u8]>, resource: &Resource, resources: &Resources) -> Option<String> {
+    let by = resource.steps[0].by?;
+    if resource.steps.iter().any(|s| s.by != Some(by)) {
+        return None;
+    }
+    let publisher = &resources.publishers[by];
+    let before: u64 = match stored {
+        None => 0,
+        Some(stored) => {
+            let text = std::str::from_utf8(stored).ok()?;
+            let (updates, of) = text.split_once(' ')?;
+            if of != publisher || updates.is_empty() || !updates.bytes().all(|b| b.is_ascii_digit())
+            {
+                return None;
+            }
+            updates.parse().ok()?
+        }
+    };
+    let updates = (before + resource.steps.len() as u64).min(i32::MAX as u64);
+    Some(format!("{updates} {publisher}"))
+}
+
+/// Any other case: the item as stored (`before`, the resource's latest change ahead of the
+/// fold, makes a counted one whole), each change recorded in turn, then stored counted when it
+/// has the common shape, as JSON otherwise; with '+' or '-' when it gained or lost conflicts.
+fn recorded(
+    loc: &str,
+    stored: Option<&[u8]>,
+    before: Option<&[u8]>,
+    resource: &Resource,
+    resources: &Resources,
+) -> Result<(String, &'static str), StoreError> {
+    let mut sync: Option<SyncState> = match stored {
+        None => None,
+        Some(json @ [b'{', ..]) => Some(decode(json)?),
+        Some(counted) => {
+            let entry = before.ok_or_else(|| {
+                StoreError::Corrupt(format!("the FeedSync item of {loc} is not readable"))
+            })?;
+            Some(super::feedsync::counted(&decode_entry(0, entry)?, counted)?)
+        }
+    };
+    let had = sync.as_ref().is_some_and(|s| !s.conflicts.is_empty());
+    for step in &resource.steps {
+        let by = step.by.map(|b| resources.publishers[b].as_str());
+        let when = OffsetDateTime::from_unix_timestamp(step.when)
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        sync = Some(feedsync::record_local(sync, loc, by, when, step.deleted));
+    }
+    let Some(sync) = sync else {
+        return Err(StoreError::Corrupt(format!("no change of {loc} to fold")));
+    };
+    let has = !sync.conflicts.is_empty();
+    let last_by = resource.steps.last().and_then(|s| s.by);
+    let counted = last_by.filter(|_| {
+        sync.history.len() == 1
+            && sync.history[0].sequence == sync.updates
+            && !has
+            && !sync.noconflicts
+            && sync.id == feedsync::item_id(loc)
+    });
+    let item = match counted {
+        Some(by) => format!("{} {}", sync.updates, resources.publishers[by]),
+        None => serde_json::to_string(&sync).map_err(|e| StoreError::Corrupt(e.to_string()))?,
+    };
+    let conflicts = match (had, has) {
+        (false, true) => "+",
+        (true, false) => "-",
+        _ => "",
+    };
+    Ok((item, conflicts))
+}
