@@ -24,7 +24,7 @@
 
 use redis::{Cmd, Value};
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use time::OffsetDateTime;
@@ -168,6 +168,9 @@ pub(super) async fn up_to_log(conn: &mut Conn, channel: &str) -> Result<(), Stor
 /// from their own entries.
 async fn fold(conn: &mut Conn, channel: &str, mut kept: Vec<Piece>) -> Result<(), StoreError> {
     let kept_end = kept.iter().map(Piece::last).max();
+    // (Appends of one channel may end out of order: large ones go at once.)
+    kept.sort_unstable_by_key(|p| p.first);
+    let mut kept = VecDeque::from(kept);
     for _ in 0..MAX_ROUNDS {
         let (last, folded): (Option<u64>, Option<u64>) = timed(
             redis::cmd("HMGET")
@@ -216,24 +219,29 @@ impl Read {
 }
 
 /// The log entries of `channel` from seq `from` to `last`, about [`FOLD_CHUNK`] changes at
-/// most: those of the pieces in `kept` while they follow on from `from` (used up), the rest
+/// most: those of the pieces in `kept` (in seq order) while they follow on from `from` (used up), the rest
 /// read from the log, whole chunks.
 async fn read_entries(
     conn: &mut Conn,
     channel: &str,
     from: u64,
     last: u64,
-    kept: &mut Vec<Piece>,
+    kept: &mut VecDeque<Piece>,
 ) -> Result<Read, StoreError> {
     let mut out = Read::default();
     let mut next = from;
     while out.len() < FOLD_CHUNK && next <= last {
-        // (Appends of one channel may end out of order: large ones go at once.)
-        kept.retain(|p| p.last() >= next);
-        let Some(at) = kept.iter().position(|p| p.first <= next) else {
+        // `kept` is in seq order: what lies before `next` is folded already.
+        while kept.front().is_some_and(|p| p.last() < next) {
+            kept.pop_front();
+        }
+        let piece = match kept.front() {
+            Some(p) if p.first <= next => kept.pop_front(),
+            _ => None,
+        };
+        let Some(piece) = piece else {
             break;
         };
-        let piece = kept.remove(at);
         let buffer = out.buffers.len();
         let mut start = 0;
         for (i, &end) in piece.ends.iter().enumerate() {
