@@ -108,11 +108,22 @@ impl Folds {
         };
         if let Some((entries, ends)) = entries.filter(|(_, ends)| !ends.is_empty()) {
             kept.bytes += entries.len();
-            pieces.push(Piece {
-                first,
-                entries,
-                ends,
-            });
+            match pieces.last_mut() {
+                // One after the other (the appends of one call, nearly always): copied onto
+                // the end of the piece before, so that a stream of small appends keeps a few
+                // large buffers, not one of its own each (freed together by the folder, they
+                // cost the allocator more than the copy).
+                Some(piece) if piece.last() + 1 == first => {
+                    let base = piece.entries.len();
+                    piece.entries.extend_from_slice(&entries);
+                    piece.ends.extend(ends.iter().map(|end| end + base));
+                }
+                _ => pieces.push(Piece {
+                    first,
+                    entries,
+                    ends,
+                }),
+            }
         }
         if kept.bytes > MAX_KEPT {
             let dropped: usize = pieces.drain(..).map(|p| p.entries.len()).sum();
