@@ -55,9 +55,13 @@ const MAX_ROUNDS: usize = 64;
 /// from appends (`cmdstat_evalsha`).
 const FOLD: &str = include_str!("scripts/fold.lua");
 
-/// Entries this instance kept for folds at most, in bytes: past it, the kept entries of the
-/// channel are dropped (its fold reads them from the log) and the folder runs at once.
+/// Entries kept for the next fold, in bytes, past which the folder runs at once and new
+/// appends wait until it has taken them ([`Folds::wait_for_room`]): the index is never more
+/// than about two such loads behind the log (when every change is to a resource of its own,
+/// nothing coalesces and the fold is as slow as the append was when it wrote the index).
 const MAX_KEPT: usize = 32 << 20;
+/// An append waits for room at most this long (should the folder be gone).
+const MAX_WAIT: Duration = Duration::from_secs(5);
 
 /// The channels this instance appended to since its last fold, with the entries of its
 /// appends that the script stored as sent (what the fold would otherwise read from the log).
@@ -66,6 +70,8 @@ pub(super) struct Folds {
     state: Mutex<Kept>,
     /// Wakes the folder before its time when much is kept.
     full: tokio::sync::Notify,
+    /// Wakes the appends that wait for room, once the folder has taken what was kept.
+    taken: tokio::sync::Notify,
 }
 
 #[derive(Default)]
@@ -126,17 +132,37 @@ impl Folds {
             }
         }
         if kept.bytes > MAX_KEPT {
-            let dropped: usize = pieces.drain(..).map(|p| p.entries.len()).sum();
-            kept.bytes -= dropped;
             self.full.notify_one();
+        }
+    }
+
+    /// Waits while more than [`MAX_KEPT`] bytes are kept for the next fold, until the folder
+    /// takes them (at most [`MAX_WAIT`]): appends go no faster than the fold.
+    pub(super) async fn wait_for_room(&self) {
+        let deadline = tokio::time::Instant::now() + MAX_WAIT;
+        loop {
+            let taken = self.taken.notified();
+            tokio::pin!(taken);
+            taken.as_mut().enable();
+            if self.state().bytes <= MAX_KEPT {
+                return;
+            }
+            self.full.notify_one();
+            if tokio::time::timeout_at(deadline, taken).await.is_err() {
+                return;
+            }
         }
     }
 
     /// The channels appended to since the last call, each with its kept entries.
     fn take(&self) -> HashMap<String, Vec<Piece>> {
-        let mut state = self.state();
-        state.bytes = 0;
-        std::mem::take(&mut state.channels)
+        let taken = {
+            let mut state = self.state();
+            state.bytes = 0;
+            std::mem::take(&mut state.channels)
+        };
+        self.taken.notify_waiters();
+        taken
     }
 }
 

@@ -124,6 +124,8 @@ impl Appends {
         channel: &str,
         request: Request,
     ) -> Result<Appended, StoreError> {
+        // No faster than the resource index follows (fold.rs).
+        self.folds.wait_for_room().await;
         let (reply, answer) = oneshot::channel();
         let waiting = Waiting {
             request,
