@@ -72,6 +72,9 @@ pub(super) struct Folds {
     full: tokio::sync::Notify,
     /// Wakes the appends that wait for room, once the folder has taken what was kept.
     taken: tokio::sync::Notify,
+    /// One fold of a channel at a time in this process: readers that come while one runs wait
+    /// for it rather than read the same entries and lose the race to write them.
+    running: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 #[derive(Default)]
@@ -154,6 +157,15 @@ impl Folds {
         }
     }
 
+    /// The lock of `channel`'s folds.
+    fn lock_of(&self, channel: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        match running.get(channel) {
+            Some(lock) => lock.clone(),
+            None => running.entry(channel.to_string()).or_default().clone(),
+        }
+    }
+
     /// The channels appended to since the last call, each with its kept entries.
     fn take(&self) -> HashMap<String, Vec<Piece>> {
         let taken = {
@@ -181,6 +193,8 @@ pub(super) async fn run(mut conn: Conn, folds: Arc<Folds>, stop: CancellationTok
         }
         let mut failed = false;
         for (channel, kept) in folds.take() {
+            let lock = folds.lock_of(&channel);
+            let _running = lock.lock().await;
             if let Err(e) = fold(&mut conn, &channel, kept).await {
                 if failing {
                     tracing::debug!(%channel, error = %e, "could not bring the resource index up to the log");
@@ -196,7 +210,13 @@ pub(super) async fn run(mut conn: Conn, folds: Arc<Folds>, stop: CancellationTok
 }
 
 /// Brings `channel`'s index and items up to the `last` its meta has now.
-pub(super) async fn up_to_log(conn: &mut Conn, channel: &str) -> Result<(), StoreError> {
+pub(super) async fn up_to_log(
+    folds: &Folds,
+    conn: &mut Conn,
+    channel: &str,
+) -> Result<(), StoreError> {
+    let lock = folds.lock_of(channel);
+    let _running = lock.lock().await;
     fold(conn, channel, Vec::new()).await
 }
 

@@ -68,7 +68,7 @@ pub(super) struct Appends {
     /// Where the changes stored as sent are kept for the batcher's read.
     recent: Arc<Recent>,
     /// Where the entries stored as sent are kept for the fold of the resource index.
-    folds: Arc<Folds>,
+    pub(super) folds: Arc<Folds>,
     /// Cancelled when the store is dropped.
     stop: CancellationToken,
     /// The channels with a call running (an append's own, or a writer task's), each with the

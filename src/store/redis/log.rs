@@ -714,7 +714,7 @@ pub(super) async fn trim(
     now: OffsetDateTime,
 ) -> Result<u64, StoreError> {
     // Retention never trims what the index does not reflect yet (trim.lua).
-    super::fold::up_to_log(&mut store.conn(), channel).await?;
+    super::fold::up_to_log(&store.appends.folds, &mut store.conn(), channel).await?;
     let head = head(store, channel).await?;
     let retained = (head.last + 1).saturating_sub(head.oldest);
     let mut wanted = head.oldest + retained.saturating_sub(retention.max_changes);
