@@ -16,7 +16,9 @@
 //! ([`up_to_log`]), so what they read includes every change appended before they began — as
 //! when the index was written with the append. A read that comes in between reports the seq
 //! the index reflects (`folded`), never more. Retention never trims past `folded`, so the
-//! changes still to fold stay in the log.
+//! changes still to fold stay in the log. Appends wait while [`MAX_KEPT`] bytes of entries
+//! wait for the fold ([`Folds::wait_for_room`]), so the index stays near the log even where
+//! nothing coalesces.
 //!
 //! Invariant kept with the scripts: while some item carries conflicts every append writes
 //! the index and the items itself (inline), and only a merge, which first needs `folded` up
