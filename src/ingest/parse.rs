@@ -9,9 +9,11 @@ use crate::resourcesync;
 /// A change on the wire (JSON and NDJSON). Unknown fields are refused so that typos surface.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct WireChange {
+struct WireChange<'a> {
     loc: String,
-    change: String,
+    /// Borrowed from the body where it needs no unescaping (always, for a good body).
+    #[serde(borrow)]
+    change: std::borrow::Cow<'a, str>,
     #[serde(default)]
     datetime: Option<String>,
     #[serde(default)]
@@ -147,12 +149,11 @@ fn parse_json(text: &[u8]) -> Result<serde_json::Value, serde_json::Error> {
 }
 
 fn convert(index: usize, value: serde_json::Value) -> Result<NewChange, BodyError> {
-    let wire: WireChange =
-        serde_json::from_value(value).map_err(|e| BodyError::at(index, e.to_string()))?;
+    let wire = WireChange::deserialize(&value).map_err(|e| BodyError::at(index, e.to_string()))?;
     from_wire(index, wire)
 }
 
-fn from_wire(index: usize, wire: WireChange) -> Result<NewChange, BodyError> {
+fn from_wire(index: usize, wire: WireChange<'_>) -> Result<NewChange, BodyError> {
     let change = ChangeType::parse(&wire.change).ok_or_else(|| {
         BodyError::at(
             index,
@@ -186,8 +187,9 @@ fn from_wire(index: usize, wire: WireChange) -> Result<NewChange, BodyError> {
 /// `{"changes": [...]}`, the third shape of a JSON body.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Wrapped {
-    changes: Vec<WireChange>,
+struct Wrapped<'a> {
+    #[serde(borrow)]
+    changes: Vec<WireChange<'a>>,
 }
 
 /// The changes of a good JSON body, parsed straight into their wire form; `None` for anything

@@ -553,11 +553,20 @@ impl Out {
         self.raw("  <url>\n    <loc>");
         self.text(&c.loc);
         self.raw("</loc>\n    <lastmod>");
+        let lastmod = self.buf.len();
         write_datetime(c.lastmod.unwrap_or(c.datetime), &mut self.buf);
+        let lastmod = lastmod..self.buf.len();
         self.raw("</lastmod>\n    <rs:md");
         if as_change {
             self.attr("change", c.change.as_str());
-            self.datetime_attr("datetime", c.datetime);
+            if c.lastmod.is_none() {
+                // The same datetime as the lastmod just written: copied, not formatted again.
+                self.raw(" datetime=\"");
+                self.buf.extend_from_within(lastmod);
+                self.raw("\"");
+            } else {
+                self.datetime_attr("datetime", c.datetime);
+            }
         }
         if let Some(hash) = &c.hash {
             self.attr("hash", hash);
