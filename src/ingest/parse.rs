@@ -202,13 +202,17 @@ struct Wrapped<'a> {
 /// too, without a walk of its own: every object of a good body is a `WireChange`, a `Link` or
 /// the `{"changes": …}` wrapper, and each refuses a key it is given twice (serde refuses a
 /// field twice, and a link's other attributes refuse a name twice).
+///
+/// A good body is UTF-8 throughout: checked once for the whole body, serde then reads each
+/// string without checking it again (about 800 instructions a change less).
 fn parse_json_fast(text: &[u8], max_entries: usize) -> Option<Vec<NewChange>> {
-    let first = text.iter().find(|b| !b.is_ascii_whitespace())?;
+    let text = std::str::from_utf8(text).ok()?;
+    let first = text.bytes().find(|b| !b.is_ascii_whitespace())?;
     let wires = match first {
-        b'[' => serde_json::from_slice::<Vec<WireChange>>(text).ok()?,
-        b'{' => match serde_json::from_slice::<Wrapped>(text) {
+        b'[' => serde_json::from_str::<Vec<WireChange>>(text).ok()?,
+        b'{' => match serde_json::from_str::<Wrapped>(text) {
             Ok(wrapped) => wrapped.changes,
-            Err(_) => vec![serde_json::from_slice::<WireChange>(text).ok()?],
+            Err(_) => vec![serde_json::from_str::<WireChange>(text).ok()?],
         },
         _ => return None,
     };
@@ -224,8 +228,8 @@ fn parse_json_fast(text: &[u8], max_entries: usize) -> Option<Vec<NewChange>> {
 
 /// One change object (an NDJSON line) the fast way (see [`parse_json_fast`]): `None` when
 /// anything is wrong with it.
-fn change_fast(index: usize, text: &[u8]) -> Option<NewChange> {
-    from_wire(index, serde_json::from_slice(text).ok()?).ok()
+fn change_fast(index: usize, text: &str) -> Option<NewChange> {
+    from_wire(index, serde_json::from_str(text).ok()?).ok()
 }
 
 /// The changes of a JSON body, or the error that names what is wrong with it (the change at
@@ -287,7 +291,7 @@ pub fn parse_body(
                 if index >= max_entries {
                     return Err(BodyError::whole(format!("more than {max_entries} changes")));
                 }
-                if let Some(change) = change_fast(index, line.as_bytes()) {
+                if let Some(change) = change_fast(index, line) {
                     out.push(change);
                     continue;
                 }
@@ -406,6 +410,9 @@ mod tests {
             br#" [{"loc":"http://e.com/a","change":"created"},{"loc":"http://e.com/b","change":"deleted","datetime":"2024-01-01","lastmod":null}]"#,
             br#"{"changes":[{"loc":"http://e.com/a","change":"updated","hash":"md5:00ff","length":3,"type":"text/plain","links":[{"rel":"alternate","href":"http://e.com/a.html","type":"text/html"}]}]}"#,
             br#"{"change":"updated","loc":"http://e.com/\u0061"}"#,
+            // An escaped kind (not borrowed from the body), a loc that is not ASCII.
+            br#"[{"loc":"http://e.com/a","change":"upd\u0061ted"}]"#,
+            "[{\"loc\":\"http://e.com/caf\u{e9}\",\"change\":\"created\"}]".as_bytes(),
         ];
         for body in good {
             let fast = parse_json_fast(body, 10);
@@ -434,6 +441,9 @@ mod tests {
             br#""a string""#,
             b"42",
             b"{",
+            // Not UTF-8, inside a string and outside one.
+            b"[{\"loc\":\"http://e.com/\xff\",\"change\":\"created\"}]",
+            b"[{\"loc\":\"http://e.com/a\",\"change\":\"created\"}]\xc3",
         ];
         for body in bad {
             let thorough = parse_json_thorough(body, 10).and_then(nonempty);
