@@ -101,7 +101,7 @@ pub(super) async fn page(
     limit: usize,
 ) -> Result<SyncPage, StoreError> {
     super::index::ensure_indexed(store, channel).await?;
-    super::fold::up_to_log(&store.appends.folds, &mut store.conn(), channel).await?;
+    super::fold::up_to_log(store, channel).await?;
     let mut page = SyncPage::default();
     let mut cursor = after;
     let mut first_call = true;
@@ -151,7 +151,7 @@ pub(super) async fn one(
     loc: &str,
 ) -> Result<Option<Synced>, StoreError> {
     super::index::ensure_indexed(store, channel).await?;
-    super::fold::up_to_log(&store.appends.folds, &mut store.conn(), channel).await?;
+    super::fold::up_to_log(store, channel).await?;
     let mut conn = store.conn();
     let (entry, seq, stored): (Option<Vec<u8>>, Option<u64>, Option<Vec<u8>>) = timed(
         redis::pipe()
@@ -178,8 +178,8 @@ pub(super) async fn conflicted(
     if limit == 0 {
         return Ok(Vec::new());
     }
+    super::fold::up_to_log(store, channel).await?;
     let mut conn = store.conn();
-    super::fold::up_to_log(&store.appends.folds, &mut conn, channel).await?;
     let locs: Vec<String> = timed(
         redis::cmd("ZRANGE")
             .arg(key(channel, "sx-conflicts"))
@@ -210,7 +210,7 @@ pub(super) async fn append_merged(
     }
     let request = Request::new(news, None, now)?;
     // The merge script refuses while the index is behind the log (answered as a moved loc).
-    super::fold::up_to_log(&store.appends.folds, &mut store.conn(), channel).await?;
+    super::fold::up_to_log(store, channel).await?;
     let mut call = append_call(&MERGE, channel, &[&request]);
     for (expected, sync) in &merged {
         call.arg(expected).arg(sync);

@@ -25,7 +25,7 @@ pub(super) async fn page(
     limit: usize,
 ) -> Result<ResourcePage, StoreError> {
     ensure_indexed(store, channel).await?;
-    super::fold::up_to_log(&store.appends.folds, &mut store.conn(), channel).await?;
+    super::fold::up_to_log(store, channel).await?;
     let mut page = ResourcePage::default();
     let mut cursor = after;
     let mut first_call = true;
@@ -75,7 +75,7 @@ pub(super) async fn one(
     loc: &str,
 ) -> Result<Option<Change>, StoreError> {
     ensure_indexed(store, channel).await?;
-    super::fold::up_to_log(&store.appends.folds, &mut store.conn(), channel).await?;
+    super::fold::up_to_log(store, channel).await?;
     let mut conn = store.conn();
     let (entry, seq): (Option<Vec<u8>>, Option<u64>) = timed(
         redis::pipe()
@@ -93,7 +93,7 @@ pub(super) async fn one(
 
 pub(super) async fn count(store: &RedisStore, channel: &str) -> Result<u64, StoreError> {
     ensure_indexed(store, channel).await?;
-    super::fold::up_to_log(&store.appends.folds, &mut store.conn(), channel).await?;
+    super::fold::up_to_log(store, channel).await?;
     let mut conn = store.conn();
     timed(conn.zcard(key(channel, "res-seq"))).await
 }

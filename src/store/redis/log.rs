@@ -173,14 +173,19 @@ impl Stored<'_> {
     }
 }
 
-/// `s` as a JSON string, as serde writes it: copied between quotes when it holds no quote,
-/// backslash or control character (the only bytes serde escapes), else by serde.
-fn json_str(out: &mut Vec<u8>, s: &str) -> Result<(), serde_json::Error> {
+/// Whether JSON writes `bytes` as they are: no quote, backslash or control character (the
+/// only bytes serde escapes).
+pub(super) fn json_plain(bytes: &[u8]) -> bool {
     // A fold without an early exit: the compiler checks many bytes at a time.
-    let plain = s.bytes().fold(true, |plain, b| {
+    bytes.iter().fold(true, |plain, &b| {
         plain & (b >= 0x20) & (b != b'"') & (b != b'\\')
-    });
-    if !plain {
+    })
+}
+
+/// `s` as a JSON string, as serde writes it: copied between quotes when [`json_plain`], else
+/// by serde.
+fn json_str(out: &mut Vec<u8>, s: &str) -> Result<(), serde_json::Error> {
+    if !json_plain(s.as_bytes()) {
         return serde_json::to_writer(&mut *out, s);
     }
     out.reserve(s.len() + 2);
@@ -777,7 +782,7 @@ pub(super) async fn trim(
     now: OffsetDateTime,
 ) -> Result<u64, StoreError> {
     // Retention never trims what the index does not reflect yet (trim.lua).
-    super::fold::up_to_log(&store.appends.folds, &mut store.conn(), channel).await?;
+    super::fold::up_to_log(store, channel).await?;
     let head = head(store, channel).await?;
     let retained = (head.last + 1).saturating_sub(head.oldest);
     let mut wanted = head.oldest + retained.saturating_sub(retention.max_changes);
