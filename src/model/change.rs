@@ -346,13 +346,11 @@ fn check_uri_length(uri: &str) -> Result<(), String> {
 
 /// The last check of [`check_uri_fully`].
 fn check_uri_characters(uri: &str) -> Result<(), String> {
-    // In ASCII, the controls and whitespace are the bytes up to the space, and DEL.
-    let bad = if uri.is_ascii() {
-        uri.bytes().any(|b| b <= b' ' || b == 0x7f)
-    } else {
-        uri.chars().any(|c| c.is_control() || c.is_whitespace())
-    };
-    if bad {
+    // Visible ASCII throughout (nearly always) is checked many bytes at a time; anything
+    // else character by character.
+    if !bytes_within(uri.as_bytes(), b'!', b'~')
+        && uri.chars().any(|c| c.is_control() || c.is_whitespace())
+    {
         return Err("contains whitespace or control characters".into());
     }
     Ok(())
@@ -380,16 +378,20 @@ fn check_text(s: &str) -> Result<(), String> {
     if s.len() > MAX_ATTR_LEN {
         return Err(format!("longer than {MAX_ATTR_LEN} bytes"));
     }
-    // In ASCII, the controls are the bytes below the space, and DEL.
-    let bad = if s.is_ascii() {
-        s.bytes().any(|b| b < b' ' || b == 0x7f)
-    } else {
-        s.chars().any(char::is_control)
-    };
-    if bad {
+    // Printable ASCII throughout (nearly always) is checked many bytes at a time; anything
+    // else character by character.
+    if !bytes_within(s.as_bytes(), b' ', b'~') && s.chars().any(char::is_control) {
         return Err("contains control characters".into());
     }
     Ok(())
+}
+
+/// Whether every byte of `bytes` is within `low..=high`. A fold without an early exit: the
+/// compiler checks many bytes at a time.
+fn bytes_within(bytes: &[u8], low: u8, high: u8) -> bool {
+    bytes
+        .iter()
+        .fold(true, |within, &b| within & (b >= low) & (b <= high))
 }
 
 /// `hash`: space-separated `algorithm:hexdigest` tokens, e.g. `md5:1e0d… sha-256:854f…`.

@@ -339,6 +339,33 @@ fn change_lists_from_rendered_entries_are_the_same_bytes() {
     }
 }
 
+/// Entries are rendered the same whether the datetime is formatted or copied from the entry
+/// before (same instant, even given in another offset; another datetime; a lastmod).
+#[test]
+fn entries_sharing_a_datetime_are_rendered_as_each_alone() {
+    let datetimes = [
+        "2026-01-01T00:00:00Z",
+        "2026-01-01T01:00:00+01:00",
+        "2026-01-01T00:00:00.5Z",
+        "2026-01-01T00:00:00.5Z",
+        "2026-01-01T00:00:00.5Z",
+        "2026-01-01T00:00:00Z",
+    ];
+    let mut changes: Vec<Change> = (1..)
+        .zip(datetimes)
+        .map(|(seq, at)| {
+            let loc = format!("http://example.com/{seq}");
+            change(seq, &loc, ChangeType::Updated, at)
+        })
+        .collect();
+    changes[4].lastmod = Some(dt("2025-12-31T00:00:00Z"));
+    let entries = super::write_change_entries(&changes);
+    for (i, c) in changes.iter().enumerate() {
+        let alone = super::write_change_entries(std::slice::from_ref(c));
+        assert_eq!(entries.slice(i..i + 1), &alone.bytes[..], "entry {i}");
+    }
+}
+
 #[test]
 fn golden_notification() {
     let (header, changes) = notification_model();

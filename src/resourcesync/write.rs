@@ -107,6 +107,7 @@ pub fn write_change_entries(changes: &[Change]) -> RenderedEntries {
     let estimate: usize = changes.iter().map(estimate_change).sum();
     let mut out = Out {
         buf: Vec::with_capacity(estimate),
+        last_datetime: None,
     };
     let mut ends = Vec::with_capacity(changes.len());
     for change in changes {
@@ -422,13 +423,19 @@ fn estimate_change(c: &Change) -> usize {
 
 struct Out {
     buf: Vec<u8>,
+    /// The datetime of the last entry's `<lastmod>` and where its text is in `buf`: the
+    /// entries of a notification nearly always share one, copied instead of formatted again.
+    last_datetime: Option<(OffsetDateTime, std::ops::Range<usize>)>,
 }
 
 impl Out {
     fn with_capacity(capacity: usize) -> Out {
         let mut buf = Vec::with_capacity(capacity);
         buf.extend_from_slice(XML_DECL.as_bytes());
-        Out { buf }
+        Out {
+            buf,
+            last_datetime: None,
+        }
     }
 
     #[inline]
@@ -553,9 +560,14 @@ impl Out {
         self.raw("  <url>\n    <loc>");
         self.text(&c.loc);
         self.raw("</loc>\n    <lastmod>");
-        let lastmod = self.buf.len();
-        write_datetime(c.lastmod.unwrap_or(c.datetime), &mut self.buf);
-        let lastmod = lastmod..self.buf.len();
+        let at = c.lastmod.unwrap_or(c.datetime);
+        let start = self.buf.len();
+        match &self.last_datetime {
+            Some((before, text)) if *before == at => self.buf.extend_from_within(text.clone()),
+            _ => write_datetime(at, &mut self.buf),
+        }
+        let lastmod = start..self.buf.len();
+        self.last_datetime = Some((at, lastmod.clone()));
         self.raw("</lastmod>\n    <rs:md");
         if as_change {
             self.attr("change", c.change.as_str());
@@ -624,6 +636,10 @@ fn is_plain_attr_name(name: &str) -> bool {
 pub(crate) fn escape_into(buf: &mut Vec<u8>, s: &str) {
     const REPLACEMENT: &[u8] = "\u{FFFD}".as_bytes();
     let bytes = s.as_bytes();
+    if xml_plain(bytes) {
+        buf.extend_from_slice(bytes);
+        return;
+    }
     let mut copied = 0;
     let mut i = 0;
     while i < bytes.len() {
@@ -664,6 +680,22 @@ pub(crate) fn escape_into(buf: &mut Vec<u8>, s: &str) {
 
 /// The bytes [`escape_into`] looks at: the markup characters, the C0 controls, and 0xEF (the
 /// first byte of U+FFFE and U+FFFF).
+/// Whether `bytes` need no escaping: none of the bytes [`SPECIAL`] marks but those of
+/// characters outside ASCII other than U+FFFE and U+FFFF (whose first byte, 0xEF, counts
+/// here). A fold without an early exit: the compiler checks many bytes at a time.
+fn xml_plain(bytes: &[u8]) -> bool {
+    bytes.iter().fold(true, |plain, &b| {
+        plain
+            & (b >= 0x20)
+            & (b != b'&')
+            & (b != b'<')
+            & (b != b'>')
+            & (b != b'"')
+            & (b != b'\'')
+            & (b != 0xEF)
+    })
+}
+
 const SPECIAL: [bool; 256] = {
     let mut table = [false; 256];
     let mut b = 0;
@@ -711,6 +743,19 @@ mod tests {
             '\r' => "&#13;".into(),
             '\u{0}'..='\u{1f}' | '\u{fffe}' | '\u{ffff}' => "\u{fffd}".into(),
             c => c.to_string(),
+        }
+    }
+
+    /// The quick check agrees with the table, byte by byte.
+    #[test]
+    fn the_plain_check_agrees_with_the_table() {
+        for b in 0..=255u8 {
+            assert_eq!(xml_plain(&[b]), !SPECIAL[usize::from(b)], "{b:#x}");
+            assert_eq!(
+                xml_plain(&[b'a', b, b'z']),
+                !SPECIAL[usize::from(b)],
+                "{b:#x}"
+            );
         }
     }
 

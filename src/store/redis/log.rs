@@ -345,15 +345,25 @@ impl Request {
         let mut entries = Vec::with_capacity(size);
         let mut ends = Vec::with_capacity(changes.len());
         let mut ordered = true;
-        // Where the entry before this one starts (its datetime key).
-        let mut previous: Option<usize> = None;
+        // Where the entry before this one starts (its datetime key), and its datetime.
+        let mut previous: Option<(usize, OffsetDateTime)> = None;
         for change in &changes {
             let start = entries.len();
-            write_datetime_key(change.datetime.unwrap_or(now), &mut entries);
-            if let Some(p) = previous {
-                ordered &= entries[p..p + DT_KEY_LEN] <= entries[start..start + DT_KEY_LEN];
+            let at = change.datetime.unwrap_or(now);
+            match previous {
+                // The datetime of the entry before (the changes of a request nearly always
+                // share one): its key copied, not worked out again.
+                Some((p, before)) if before == at => {
+                    entries.extend_from_within(p..p + DT_KEY_LEN);
+                }
+                _ => {
+                    write_datetime_key(at, &mut entries);
+                    if let Some((p, _)) = previous {
+                        ordered &= entries[p..p + DT_KEY_LEN] <= entries[start..start + DT_KEY_LEN];
+                    }
+                }
             }
-            previous = Some(start);
+            previous = Some((start, at));
             Stored::from(change)
                 .write_to(&mut entries)
                 .map_err(|e| StoreError::Corrupt(e.to_string()))?;
@@ -944,12 +954,16 @@ mod tests {
                 ..NewChange::new("http://example.com/b", ChangeType::Updated)
             },
             NewChange::new("http://example.com/c", ChangeType::Deleted),
+            // The same datetime as the change before: its key is copied.
+            NewChange::new("http://example.com/d", ChangeType::Deleted),
         ];
         let request = Request::new(changes.clone(), None, now).unwrap();
-        assert_eq!(request.len(), 3);
+        assert_eq!(request.len(), 4);
         let entries: Vec<&[u8]> = request.entries().collect();
-        assert_eq!(entries.len(), 3);
+        assert_eq!(entries.len(), 4);
         for (i, (entry, sent)) in entries.iter().zip(&changes).enumerate() {
+            let key = datetime_key(sent.datetime.unwrap_or(now));
+            assert_eq!(&entry[..DT_KEY_LEN], key.as_bytes(), "entry {i}");
             let read = decode_entry(i as u64 + 1, entry).unwrap();
             assert_eq!(read.seq, i as u64 + 1);
             assert_eq!(read.loc, sent.loc);
