@@ -304,10 +304,19 @@ thread_local! {
 /// Where the `scheme://authority` of `uri` ends, as a URL parser reads it for http(s): at the
 /// first `/`, `\`, `?` or `#` after `://`, or at the end; `None` without `://`.
 fn authority_end(uri: &str) -> Option<usize> {
-    let start = uri.find("://")? + 3;
+    let bytes = uri.as_bytes();
+    // By bytes (every character looked for is ASCII). Nearly always the first ':' is the
+    // scheme's.
+    let colon = bytes.iter().position(|&b| b == b':')?;
+    let start = if bytes[colon..].starts_with(b"://") {
+        colon + 3
+    } else {
+        uri.find("://")? + 3
+    };
     Some(
-        uri[start..]
-            .find(['/', '\\', '?', '#'])
+        bytes[start..]
+            .iter()
+            .position(|b| matches!(b, b'/' | b'\\' | b'?' | b'#'))
             .map_or(uri.len(), |i| start + i),
     )
 }
@@ -401,11 +410,14 @@ fn check_hash(s: &str) -> Result<(), String> {
         return Err("is empty".into());
     }
     let check = |token: &str| {
-        let Some((alg, digest)) = token.split_once(':') else {
+        // By bytes: ':' is ASCII, and both parts may hold only ASCII.
+        let bytes = token.as_bytes();
+        let Some(colon) = bytes.iter().position(|&b| b == b':') else {
             return Err(format!("{token:?} is not algorithm:digest"));
         };
-        let alg_ok = !alg.is_empty() && alg.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
-        if !alg_ok || digest.is_empty() || !digest.bytes().all(|b| b.is_ascii_hexdigit()) {
+        let (alg, digest) = (&bytes[..colon], &bytes[colon + 1..]);
+        let alg_ok = !alg.is_empty() && alg.iter().all(|b| b.is_ascii_alphanumeric() || *b == b'-');
+        if !alg_ok || digest.is_empty() || !digest.iter().all(u8::is_ascii_hexdigit) {
             return Err(format!("{token:?} is not algorithm:hexdigest"));
         }
         Ok(())
@@ -541,6 +553,34 @@ mod tests {
         );
         let longer = format!("http://example.com/{}", "é".repeat(MAX_URI_LEN));
         assert!(check_uri_length(&longer).is_err());
+    }
+
+    /// Where the authority ends, by bytes, is where a search by characters finds it.
+    #[test]
+    fn the_authority_ends_where_a_search_by_characters_says() {
+        let by_chars = |uri: &str| {
+            let start = uri.find("://")? + 3;
+            Some(
+                uri[start..]
+                    .find(['/', '\\', '?', '#'])
+                    .map_or(uri.len(), |i| start + i),
+            )
+        };
+        for uri in [
+            "http://example.com/a",
+            "https://example.com",
+            "http://é.example?q",
+            "http://user:pw@host:80#f",
+            "http://h\\path",
+            "urn:x:http://h/p",
+            "mailto:someone",
+            "no scheme",
+            "http:/one-slash/a",
+            "",
+            "://",
+        ] {
+            assert_eq!(authority_end(uri), by_chars(uri), "{uri:?}");
+        }
     }
 
     #[test]
