@@ -46,7 +46,10 @@ const LAGGING_MAX: usize = 1024;
 /// batch a read left 21–23% published at the end of the fill and 3.1–3.8 s to catch up;
 /// 4,000 changes 41% and 1.7 s; 16,000 changes 79–85% and 0.6 s, but the hub's RSS after
 /// 10⁶ changes was 599 MiB (289 MiB at 4,000, 167 MiB at one batch): the allocations of big
-/// reads leave the heap fragmented.
+/// reads leave the heap fragmented. What the store holds in memory is read all at once
+/// ([`Store::held_after`]): on Redis under a steady stream of large requests, a read per
+/// 4,000 changes left the batcher further and further behind (each read's round trip waits
+/// for the append scripts running; see docs/performance.md, thirty-second pass).
 const READ_AHEAD: u64 = 4_000;
 
 /// Messages a feed's live broadcast keeps for receivers behind (see [`ChannelFeed::live`]).
@@ -440,8 +443,10 @@ impl Batcher {
             if pending >= max_batch || (pending > 0 && due) {
                 // Behind by several full batches: one read of the log for as many as fit in
                 // READ_AHEAD changes (each read waits its turn behind the appends, on Redis
-                // most).
-                let batches = (pending / max_batch).clamp(1, (READ_AHEAD / max_batch).max(1));
+                // most), or as many as the store holds in memory from here on.
+                let held = self.store.held_after(&self.feed.name, self.published) as u64;
+                let ahead = READ_AHEAD.max(held);
+                let batches = (pending / max_batch).clamp(1, (ahead / max_batch).max(1));
                 let upto = head.min(self.published + max_batch * batches);
                 match cut(
                     &self.feed,

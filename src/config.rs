@@ -93,7 +93,8 @@ pub struct ServeArgs {
     /// store's file, a quarter for the rendered entries of `changes?after=` pages, an eighth
     /// for rendered closed Change Lists, an eighth for the recent notifications that delivery
     /// shares. It bounds the hub's resident memory however long the log grows; more makes
-    /// reads of older changes faster. With --redis the store's half is not used.
+    /// reads of older changes faster. With --redis an eighth (of the store's half) holds the
+    /// large requests just appended until the batcher has read them.
     #[arg(long, env = "CHANGEHUB_CACHE_SIZE")]
     pub cache_size: Option<usize>,
     /// Disk the files of rendered `changes?after=` page entries may take, in MiB (default
@@ -460,18 +461,24 @@ pub struct Config {
     /// for delivery workers to share, all feeds together (an eighth of `--cache-size`; see
     /// [`crate::batcher::RecentBudget`]).
     pub recent_notifications: usize,
+    /// With Redis: most bytes of the changes of large requests this instance appended last,
+    /// held for the batcher to read without the log (an eighth of `--cache-size`, from the
+    /// store's half, which Redis does not use; see `store/redis/recent.rs`).
+    pub held_changes: usize,
 }
 
 /// How `--cache-size` is shared out among the hub's caches: half to the embedded store's
 /// file, a quarter to the rendered entries of `changes?after=` pages, an eighth each to
 /// rendered closed Change Lists and to the recent notifications delivery workers share. With
-/// Redis the store's half is not used.
+/// Redis a quarter of the store's half holds the changes the batcher reads next; the rest is
+/// not used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Caches {
     pub store: usize,
     pub pages: usize,
     pub closed_lists: usize,
     pub recent_notifications: usize,
+    pub held_changes: usize,
 }
 
 impl Caches {
@@ -484,6 +491,7 @@ impl Caches {
             pages: total / 4,
             closed_lists: total / 8,
             recent_notifications: total / 8,
+            held_changes: total / 8,
         }
     }
 }
@@ -902,6 +910,7 @@ impl ServeArgs {
             pages,
             closed_lists: caches.closed_lists,
             recent_notifications: caches.recent_notifications,
+            held_changes: caches.held_changes,
             xmpp,
             listen,
             urls,

@@ -43,7 +43,10 @@ pub fn open_store(config: &Config) -> Result<Arc<dyn Store>, Error> {
             data_dir,
             *cache_size,
         )?)),
-        StoreConfig::Redis { url } => Ok(Arc::new(RedisStore::open(url)?)),
+        StoreConfig::Redis { url } => Ok(Arc::new(RedisStore::open_holding(
+            url,
+            config.held_changes,
+        )?)),
     }
 }
 

@@ -1576,6 +1576,43 @@ async fn redis_appends_go_on_after_the_scripts_are_flushed() {
     assert_eq!(got, want);
 }
 
+/// On Redis the changes of a large request are held for the batcher's next read: the store
+/// says how many from a seq on (what the batcher reads ahead by), within its byte budget, and
+/// a read takes them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_large_requests_are_held_for_the_next_read() {
+    let server = redis_server::RedisServer::start(false);
+    let s = changehub::store::RedisStore::open(&server.url()).unwrap();
+    let now = at("2024-01-01T00:00:00Z");
+    assert_eq!(s.held_after("c", 0), 0);
+    s.append("c", changes("small", 3), None, now).await.unwrap();
+    assert_eq!(
+        s.held_after("c", 0),
+        0,
+        "small requests are read from the log"
+    );
+    s.append("c", changes("large", 500), None, now)
+        .await
+        .unwrap();
+    s.append("c", changes("next", 500), None, now)
+        .await
+        .unwrap();
+    assert_eq!(s.held_after("c", 3), 1000, "two requests in a row");
+    assert_eq!(s.held_after("c", 503), 500);
+    let read = s.read("c", 3, 600).await.unwrap();
+    assert_eq!(read.first().map(|c| c.seq), Some(4));
+    assert_eq!(read.len(), 600);
+    assert_eq!(s.held_after("c", 3), 0, "taken by the read");
+    assert_eq!(s.held_after("c", 603), 400);
+    // A budget smaller than one request holds none of it.
+    let small = changehub::store::RedisStore::open_holding(&server.url(), 1024).unwrap();
+    small
+        .append("d", changes("large", 500), None, now)
+        .await
+        .unwrap();
+    assert_eq!(small.held_after("d", 0), 0);
+}
+
 /// On Redis the common FeedSync item (one publisher's updates) is stored counted, not as JSON;
 /// an item stored as JSON (as older hubs stored every item) is read as it is, and counted from
 /// its next update once it has the common shape.

@@ -177,6 +177,14 @@ pub trait Store: Send + Sync + 'static {
         limit: usize,
     ) -> Result<Vec<Change>, StoreError>;
 
+    /// How many of the changes with seq > `after` this store holds in memory, in a row: a
+    /// [`read`](Store::read) of that many costs about what a read of a few does (the batcher
+    /// reads ahead by as many). None by default; Redis holds the large requests this instance
+    /// appended last.
+    fn held_after(&self, _channel: &str, _after: u64) -> usize {
+        0
+    }
+
     /// The newest `limit` retained changes, in seq order.
     async fn read_newest(&self, channel: &str, limit: usize) -> Result<Vec<Change>, StoreError>;
 

@@ -218,6 +218,13 @@ impl RedisStore {
     /// for Redis to be up: until it is, every call fails with [`StoreError::Unavailable`] and
     /// the connection is retried on the next call. Must be called within a Tokio runtime.
     pub fn open(url: &str) -> Result<RedisStore, StoreError> {
+        RedisStore::open_holding(url, recent::HELD_BYTES)
+    }
+
+    /// [`RedisStore::open`], holding at most `held` bytes of the changes this instance
+    /// appended last for the batcher to read without the log (`recent.rs`; an eighth of
+    /// `--cache-size` in `changehub serve`).
+    pub fn open_holding(url: &str, held: usize) -> Result<RedisStore, StoreError> {
         let target = Target::parse(url).map_err(StoreError::Unavailable)?;
         // Pub/sub goes over a connection of its own, to one server — on a cluster to one of
         // the seed nodes, the next one at each reconnection. Appends have their own command
@@ -240,7 +247,7 @@ impl RedisStore {
             include_str!("scripts/feedsync.lua"),
             include_str!("scripts/append.lua")
         ));
-        let recent = Arc::new(recent::Recent::default());
+        let recent = Arc::new(recent::Recent::new(held));
         let folds = Arc::new(fold::Folds::default());
         tokio::spawn(fold::run(conn.clone(), folds.clone(), stop.clone()));
         let appends = group::Appends::new(
@@ -290,6 +297,10 @@ impl Store for RedisStore {
         limit: usize,
     ) -> Result<Vec<Change>, StoreError> {
         log::range(self, channel, after.saturating_add(1), limit, false).await
+    }
+
+    fn held_after(&self, channel: &str, after: u64) -> usize {
+        self.recent.held_from(channel, after.saturating_add(1))
     }
 
     async fn read_newest(&self, channel: &str, limit: usize) -> Result<Vec<Change>, StoreError> {

@@ -14,8 +14,9 @@
 //!   log, which stays the record.
 //! - A change is served once (taken): the batcher reads each new range once, and any later
 //!   read of it reads the log.
-//! - At most [`MAX_HELD`] changes are held across channels; the ones appended longest ago go
-//!   first (those of an instance that appends to a channel another instance batches, say).
+//! - At most the budget given to [`Recent::new`] is held across channels, in bytes (an eighth
+//!   of `--cache-size`); the changes appended longest ago go first (those of an instance that
+//!   appends to a channel another instance batches, say).
 //! - A range the batcher reads right after a call of this instance appended it is not missed
 //!   for want of waiting: the head can move before the call's answer is in (the script's head
 //!   message reaches the listener first, or a later call ends first), and a read that finds
@@ -36,20 +37,39 @@ use tokio::sync::Notify;
 
 use crate::model::Change;
 
-/// Most changes held, across channels: two of the batcher's largest reads (4,000 changes);
-/// at a few hundred bytes a change (an estimate, not measured), about 3 MiB.
-pub(super) const MAX_HELD: usize = 8192;
+/// The bytes held at most when no budget is given ([`RedisStore::open`](super::RedisStore::open)):
+/// an eighth of `--cache-size`'s default.
+pub(super) const HELD_BYTES: usize = 32 << 20;
+
+/// Most runs held (a run whose changes were taken counts until it is the oldest).
+const MAX_RUNS: usize = 8192;
 
 /// The longest a read waits for the calls that were running when it found nothing held (a
 /// call ends by its own deadline sooner or later; this bounds the wait should one not).
 pub(super) const WAIT_MOST: Duration = Duration::from_millis(500);
 
 /// The changes of large requests appended last by this instance (see the module docs).
-#[derive(Default)]
 pub(super) struct Recent {
     inner: Mutex<Inner>,
     /// Told whenever a call that may keep changes ends.
     ended: Notify,
+    /// Most bytes held ([`weight`]).
+    budget: usize,
+}
+
+impl Default for Recent {
+    fn default() -> Recent {
+        Recent::new(HELD_BYTES)
+    }
+}
+
+/// The memory a held change takes, near enough: the change and its strings.
+fn weight(change: &Change) -> usize {
+    std::mem::size_of::<Change>() + change.heap_size()
+}
+
+fn weight_of<'a>(changes: impl IntoIterator<Item = &'a Change>) -> usize {
+    changes.into_iter().map(weight).sum()
 }
 
 #[derive(Default)]
@@ -59,6 +79,8 @@ struct Inner {
     runs: VecDeque<(String, u64, u64)>,
     /// Changes held across channels.
     held: usize,
+    /// Their [`weight`].
+    bytes: usize,
     /// The calls running that may keep changes, by channel: their tickets, in the order they
     /// began, each with the channel's head as this instance knew it then (every seq the call
     /// appends is above it).
@@ -96,6 +118,15 @@ impl Drop for Call<'_> {
 }
 
 impl Recent {
+    /// Holds at most `budget` bytes of changes.
+    pub(super) fn new(budget: usize) -> Recent {
+        Recent {
+            inner: Mutex::default(),
+            ended: Notify::new(),
+            budget,
+        }
+    }
+
     fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -120,7 +151,7 @@ impl Recent {
     }
 
     /// Holds `changes` (in seq order), appended to `channel` in `epoch`. Those held of another
-    /// epoch go; then the oldest runs go while more than [`MAX_HELD`] are held.
+    /// epoch go; then the oldest runs go while more than the budget is held.
     pub(super) fn keep(&self, channel: &str, epoch: &str, changes: Vec<Change>) {
         let (Some(first), Some(last)) = (changes.first(), changes.last()) else {
             return;
@@ -139,15 +170,17 @@ impl Recent {
         let mut gone = Vec::new();
         if held.epoch != epoch {
             inner.held -= held.len();
+            inner.bytes -= weight_of(held.runs.values().flatten());
             gone.extend(std::mem::take(&mut held.runs).into_values());
             held.epoch = epoch.to_string();
         }
         inner.held += changes.len();
+        inner.bytes += weight_of(&changes);
         held.insert(changes);
         inner.runs.push_back(run);
         // A run whose changes were taken or went with an old epoch counts for nothing: runs
         // are bounded too.
-        while inner.held > MAX_HELD || inner.runs.len() > MAX_HELD {
+        while inner.bytes > self.budget || inner.runs.len() > MAX_RUNS {
             let Some((channel, first, last)) = inner.runs.pop_front() else {
                 break;
             };
@@ -157,6 +190,7 @@ impl Recent {
                 for start in starts {
                     if let Some(run) = held.runs.remove(&start) {
                         inner.held -= run.len();
+                        inner.bytes -= weight_of(&run);
                         gone.push(run);
                     }
                 }
@@ -219,6 +253,26 @@ impl Recent {
     }
 }
 
+impl Recent {
+    /// How many changes of `channel` are held from `from` on without a gap: a read of that many
+    /// from `from` costs no round trip more than a read of one.
+    pub(super) fn held_from(&self, channel: &str, from: u64) -> usize {
+        let inner = self.inner();
+        let Some(held) = inner.channels.get(channel) else {
+            return 0;
+        };
+        let mut next = from;
+        while let Some((&first, run)) = held.runs.range(..=next).next_back() {
+            let end = first + run.len() as u64;
+            if next >= end {
+                break;
+            }
+            next = end;
+        }
+        usize::try_from(next - from).unwrap_or(usize::MAX)
+    }
+}
+
 impl Inner {
     /// Takes the changes of `channel` held from `from` on, up to `upto` at most (they stop
     /// where one is not held), with the epoch they were appended in; none when `from` is not
@@ -258,6 +312,7 @@ impl Inner {
             return None;
         }
         self.held -= out.len();
+        self.bytes -= weight_of(&out);
         let epoch = held.epoch.clone();
         if held.runs.is_empty() {
             self.channels.remove(channel);
@@ -451,23 +506,49 @@ mod tests {
     }
 
     #[test]
-    fn the_changes_appended_longest_ago_go_first_past_the_bound() {
-        let recent = Recent::default();
+    fn the_changes_appended_longest_ago_go_first_past_the_budget() {
         let per_run = 1000;
-        let runs = MAX_HELD as u64 / per_run + 2;
+        let one = weight_of(&run(1, per_run));
+        let recent = Recent::new(5 * one + one / 2);
+        let runs = 8;
         // Runs alternate between two channels.
         let channel = |i: u64| if i.is_multiple_of(2) { "c" } else { "d" };
         for i in 0..runs {
             recent.keep(channel(i), "e", run(1 + i * per_run, per_run));
         }
-        let held = recent.inner().held;
-        assert!(held <= MAX_HELD, "{held} held");
-        assert!(held > MAX_HELD - per_run as usize, "{held} held");
+        let (held, bytes) = {
+            let inner = recent.inner();
+            (inner.held, inner.bytes)
+        };
+        assert_eq!(held, 5 * per_run as usize, "{bytes} bytes of {}", 5 * one);
         assert!(recent.take_from("c", 1, 1).is_none(), "the first run went");
         let newest = 1 + (runs - 1) * per_run;
         let (_, got) = recent
             .take_from(channel(runs - 1), newest, newest + per_run - 1)
             .unwrap();
         assert_eq!(got.len(), per_run as usize);
+        assert_eq!(recent.inner().held, 4 * per_run as usize);
+        assert_eq!(
+            recent.inner().bytes,
+            bytes - one,
+            "what is taken counts no more"
+        );
+    }
+
+    #[test]
+    fn what_is_held_from_a_seq_on_is_counted_to_the_first_gap() {
+        let recent = Recent::default();
+        assert_eq!(recent.held_from("c", 1), 0);
+        recent.keep("c", "e", run(1, 10));
+        recent.keep("c", "e", run(11, 5));
+        recent.keep("c", "e", run(20, 5));
+        assert_eq!(recent.held_from("c", 1), 15, "two runs back to back");
+        assert_eq!(recent.held_from("c", 4), 12);
+        assert_eq!(recent.held_from("c", 16), 0, "a gap");
+        assert_eq!(recent.held_from("c", 22), 3);
+        assert_eq!(recent.held_from("d", 1), 0, "another channel");
+        recent.take_from("c", 1, 5);
+        assert_eq!(recent.held_from("c", 1), 0, "taken");
+        assert_eq!(recent.held_from("c", 6), 10);
     }
 }
