@@ -678,8 +678,6 @@ pub(crate) fn escape_into(buf: &mut Vec<u8>, s: &str) {
     buf.extend_from_slice(&bytes[copied..]);
 }
 
-/// The bytes [`escape_into`] looks at: the markup characters, the C0 controls, and 0xEF (the
-/// first byte of U+FFFE and U+FFFF).
 /// Whether `bytes` need no escaping: none of the bytes [`SPECIAL`] marks but those of
 /// characters outside ASCII other than U+FFFE and U+FFFF (whose first byte, 0xEF, counts
 /// here). A fold without an early exit: the compiler checks many bytes at a time.
@@ -696,6 +694,8 @@ fn xml_plain(bytes: &[u8]) -> bool {
     })
 }
 
+/// The bytes [`escape_into`] looks at: the markup characters, the C0 controls, and 0xEF (the
+/// first byte of U+FFFE and U+FFFF).
 const SPECIAL: [bool; 256] = {
     let mut table = [false; 256];
     let mut b = 0;

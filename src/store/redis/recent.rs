@@ -77,9 +77,7 @@ struct Inner {
     channels: HashMap<String, Held>,
     /// What each `keep` added, oldest first: (channel, first seq, last seq).
     runs: VecDeque<(String, u64, u64)>,
-    /// Changes held across channels.
-    held: usize,
-    /// Their [`weight`].
+    /// The [`weight`] of the changes held across channels.
     bytes: usize,
     /// The calls running that may keep changes, by channel: their tickets, in the order they
     /// began, each with the channel's head as this instance knew it then (every seq the call
@@ -169,12 +167,10 @@ impl Recent {
         // Dropped once the lock is let go.
         let mut gone = Vec::new();
         if held.epoch != epoch {
-            inner.held -= held.len();
             inner.bytes -= weight_of(held.runs.values().flatten());
             gone.extend(std::mem::take(&mut held.runs).into_values());
             held.epoch = epoch.to_string();
         }
-        inner.held += changes.len();
         inner.bytes += weight_of(&changes);
         held.insert(changes);
         inner.runs.push_back(run);
@@ -189,7 +185,6 @@ impl Recent {
                 let starts: Vec<u64> = held.runs.range(first..=last).map(|(s, _)| *s).collect();
                 for start in starts {
                     if let Some(run) = held.runs.remove(&start) {
-                        inner.held -= run.len();
                         inner.bytes -= weight_of(&run);
                         gone.push(run);
                     }
@@ -201,6 +196,24 @@ impl Recent {
         }
         drop(guard);
         drop(gone);
+    }
+
+    /// How many changes of `channel` are held from `from` on without a gap: a read of that many
+    /// from `from` costs no round trip more than a read of one.
+    pub(super) fn held_from(&self, channel: &str, from: u64) -> usize {
+        let inner = self.inner();
+        let Some(held) = inner.channels.get(channel) else {
+            return 0;
+        };
+        let mut next = from;
+        while let Some((&first, run)) = held.runs.range(..=next).next_back() {
+            let end = first + run.len() as u64;
+            if next >= end {
+                break;
+            }
+            next = end;
+        }
+        usize::try_from(next - from).unwrap_or(usize::MAX)
     }
 
     /// [`Inner::take_from`], without waiting.
@@ -253,27 +266,14 @@ impl Recent {
     }
 }
 
-impl Recent {
-    /// How many changes of `channel` are held from `from` on without a gap: a read of that many
-    /// from `from` costs no round trip more than a read of one.
-    pub(super) fn held_from(&self, channel: &str, from: u64) -> usize {
-        let inner = self.inner();
-        let Some(held) = inner.channels.get(channel) else {
-            return 0;
-        };
-        let mut next = from;
-        while let Some((&first, run)) = held.runs.range(..=next).next_back() {
-            let end = first + run.len() as u64;
-            if next >= end {
-                break;
-            }
-            next = end;
-        }
-        usize::try_from(next - from).unwrap_or(usize::MAX)
-    }
-}
-
 impl Inner {
+    /// Changes held across channels.
+    #[cfg(test)]
+    fn held(&self) -> usize {
+        let runs = self.channels.values().flat_map(|held| held.runs.values());
+        runs.map(VecDeque::len).sum()
+    }
+
     /// Takes the changes of `channel` held from `from` on, up to `upto` at most (they stop
     /// where one is not held), with the epoch they were appended in; none when `from` is not
     /// held. They are read once: the batcher reads each new range once, and a second read of
@@ -311,7 +311,6 @@ impl Inner {
         if out.is_empty() {
             return None;
         }
-        self.held -= out.len();
         self.bytes -= weight_of(&out);
         let epoch = held.epoch.clone();
         if held.runs.is_empty() {
@@ -322,10 +321,6 @@ impl Inner {
 }
 
 impl Held {
-    fn len(&self) -> usize {
-        self.runs.values().map(VecDeque::len).sum()
-    }
-
     /// Adds `changes` (in seq order, none held already), one run per stretch of consecutive
     /// seqs (a replayed request leaves a gap), cut at each gap from the back. Without a gap,
     /// the common case, the `Vec` becomes the run's `VecDeque` without a copy.
@@ -389,7 +384,7 @@ mod tests {
         assert!(recent.take_from("c", 11, 14).is_none(), "not held");
         assert!(recent.take_from("d", 1, 1).is_none(), "another channel");
         // Left: 1, 5..=8, 13..=15.
-        assert_eq!(recent.inner().held, 8);
+        assert_eq!(recent.inner().held(), 8);
     }
 
     #[test]
@@ -412,7 +407,7 @@ mod tests {
             seqs(recent.take_from("c", 7, 100)).map(|s| s.1),
             Some(vec![7, 8, 9, 10])
         );
-        assert_eq!(recent.inner().held, 0);
+        assert_eq!(recent.inner().held(), 0);
         assert!(recent.inner().channels.is_empty());
     }
 
@@ -496,13 +491,13 @@ mod tests {
         let recent = Recent::default();
         recent.keep("c", "e1", run(1, 10));
         recent.keep("c", "e2", run(1, 3));
-        assert_eq!(recent.inner().held, 3);
+        assert_eq!(recent.inner().held(), 3);
         assert!(recent.take_from("c", 4, 4).is_none());
         assert_eq!(
             seqs(recent.take_from("c", 1, 3)),
             Some(("e2".into(), vec![1, 2, 3]))
         );
-        assert_eq!(recent.inner().held, 0);
+        assert_eq!(recent.inner().held(), 0);
     }
 
     #[test]
@@ -518,7 +513,7 @@ mod tests {
         }
         let (held, bytes) = {
             let inner = recent.inner();
-            (inner.held, inner.bytes)
+            (inner.held(), inner.bytes)
         };
         assert_eq!(held, 5 * per_run as usize, "{bytes} bytes of {}", 5 * one);
         assert!(recent.take_from("c", 1, 1).is_none(), "the first run went");
@@ -527,7 +522,7 @@ mod tests {
             .take_from(channel(runs - 1), newest, newest + per_run - 1)
             .unwrap();
         assert_eq!(got.len(), per_run as usize);
-        assert_eq!(recent.inner().held, 4 * per_run as usize);
+        assert_eq!(recent.inner().held(), 4 * per_run as usize);
         assert_eq!(
             recent.inner().bytes,
             bytes - one,
