@@ -57,6 +57,8 @@ pub(super) struct Recent {
     budget: usize,
 }
 
+/// The tests' store: the default budget.
+#[cfg(test)]
 impl Default for Recent {
     fn default() -> Recent {
         Recent::new(HELD_BYTES)
