@@ -963,12 +963,20 @@ async fn callback(ctx: &mut Ctx) {
 /// This bench binary as a child process in `role` (see `main`) on a free port: its base URL
 /// and the process (stopped when dropped).
 fn spawn_role(role: &str, name: &str) -> (String, procs::Proc) {
+    spawn_role_in(role, name, None)
+}
+
+/// [`spawn_role`], with `dir` (if any) as the role's `BENCH_DIR`.
+fn spawn_role_in(role: &str, name: &str, dir: Option<&Path>) -> (String, procs::Proc) {
     let port = procs::free_port();
     let mut command = std::process::Command::new(std::env::current_exe().unwrap());
     command
         .env("BENCH_ROLE", role)
         .env("BENCH_PORT", port.to_string())
         .stdout(std::process::Stdio::null());
+    if let Some(dir) = dir {
+        command.env("BENCH_DIR", dir);
+    }
     let server = procs::Proc::spawn(name, &mut command, None);
     (format!("http://127.0.0.1:{port}"), server)
 }
@@ -993,9 +1001,63 @@ async fn minimal_ingest_server(port: u16) {
     axum::serve(listener, app).await.unwrap();
 }
 
-/// req/s of `script` (wrk -c64, like figure 4b) against the minimal axum server.
-async fn minimal_ingest_rate(script: &Path) -> f64 {
-    let (base, _server) = spawn_role("minimal-ingest", "the minimal ingest server");
+/// The durable floor of figure 4b: [`minimal_ingest_server`] that answers only once the body
+/// is on disk. Each request hands its body to one writer thread, which appends every body
+/// waiting to one file in `dir`, `fdatasync`s it once for all of them (group commit, as the
+/// hub's embedded store does) and then lets each request answer. The cheapest server that
+/// keeps the hub's promise (202 once the change is durable), with none of the hub's own work:
+/// no parse, no log, no indexes.
+async fn minimal_durable_ingest_server(port: u16, dir: PathBuf) {
+    use std::io::Write;
+    type Job = (Bytes, tokio::sync::oneshot::Sender<()>);
+    let (tx, rx) = std::sync::mpsc::channel::<Job>();
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("bodies"))
+        .unwrap();
+    std::thread::spawn(move || {
+        while let Ok(first) = rx.recv() {
+            let mut group = vec![first];
+            group.extend(rx.try_iter());
+            for (body, _) in &group {
+                file.write_all(body).unwrap();
+            }
+            file.sync_data().unwrap();
+            for (_, written) in group {
+                let _ = written.send(());
+            }
+        }
+    });
+    async fn accept(
+        State(tx): State<std::sync::mpsc::Sender<Job>>,
+        body: Bytes,
+    ) -> (StatusCode, [(&'static str, &'static str); 1], String) {
+        let n = body.len();
+        let (written, on_disk) = tokio::sync::oneshot::channel();
+        tx.send((body, written)).unwrap();
+        on_disk.await.unwrap();
+        (
+            StatusCode::ACCEPTED,
+            [("content-type", "application/json")],
+            format!(r#"{{"accepted":1,"first":{n},"last":{n}}}"#),
+        )
+    }
+    let app = Router::new()
+        .route("/ready", get(|| async { "ready" }))
+        .route("/channels/{name}/changes", axum::routing::post(accept))
+        .with_state(tx);
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .unwrap();
+    axum::serve(listener, app).await.unwrap();
+}
+
+/// req/s of `script` (wrk -c64, like figure 4b) against a minimal axum server in `role`:
+/// `minimal-ingest` or `minimal-durable-ingest` (its file in a temporary directory).
+async fn minimal_ingest_rate(role: &str, script: &Path) -> f64 {
+    let dir = tempfile::tempdir().unwrap();
+    let (base, _server) = spawn_role_in(role, "the minimal ingest server", Some(dir.path()));
     let client = reqwest::Client::new();
     procs::poll(
         "the minimal ingest server",
@@ -1080,8 +1142,9 @@ async fn ingest(ctx: &mut Ctx) {
     let small = ctx.ingest_script("ingest-1", &changes_body(1));
     progress("ingest baselines: redis-benchmark XADD, nginx 202");
     let (xadd, nginx) = ingest_baselines(ctx, &small).await;
-    progress("ingest baseline: a minimal axum server answering 202");
-    let axum_floor = minimal_ingest_rate(&small).await;
+    progress("ingest baselines: a minimal axum server answering 202, and one that writes first");
+    let axum_floor = minimal_ingest_rate("minimal-ingest", &small).await;
+    let durable_floor = minimal_ingest_rate("minimal-durable-ingest", &small).await;
     let mut runs: Vec<(Ingest, Ingest)> = Vec::new();
     for bin in ctx.bins.clone() {
         progress("ingest: embedded, redis");
@@ -1134,6 +1197,12 @@ async fn ingest(ctx: &mut Ctx) {
         Goal::None,
         &vec![(axum_floor, Some(nginx)); runs.len()],
     );
+    ctx.row(
+        "4b. minimal axum server, body fdatasynced before the 202 (wrk -c64) vs nginx 202".into(),
+        Unit::Rate("req"),
+        Goal::None,
+        &vec![(durable_floor, Some(nginx)); runs.len()],
+    );
     ctx.report.note(format!(
         "**4. Ingest**: a fresh hub on an empty store for each of (a) and (b) and each store \
          (defaults: `--max-batch 1000 --linger 100ms`; Redis: `--redis` on the bench's private \
@@ -1147,7 +1216,11 @@ async fn ingest(ctx: &mut Ctx) {
          before the hubs and again after them, and the higher of the two is used. The row \"minimal axum server\" is \
          the web framework's floor, measured the same way: axum on tokio, as in the hub, \
          answering 202 with a small JSON body once the body is read (this bench binary as a \
-         child process, `BENCH_ROLE=minimal-ingest`).",
+         child process, `BENCH_ROLE=minimal-ingest`). The row \"body fdatasynced before the \
+         202\" is the floor of a durable answer: the same server, but each body goes to one \
+         writer thread that appends every body waiting to a file, `fdatasync`s it once for all \
+         of them and only then lets them answer (`BENCH_ROLE=minimal-durable-ingest`); no \
+         parse, no log, no indexes.",
         scale(2_000_000),
         s = secs(3),
         w = INGEST_WARM_UP
@@ -2209,6 +2282,10 @@ fn main() {
         match role.as_str() {
             "minimal-websocket" => runtime.block_on(minimal_websocket_server(port)),
             "minimal-ingest" => runtime.block_on(minimal_ingest_server(port)),
+            "minimal-durable-ingest" => {
+                let dir = PathBuf::from(std::env::var_os("BENCH_DIR").unwrap());
+                runtime.block_on(minimal_durable_ingest_server(port, dir))
+            }
             other => panic!("unknown BENCH_ROLE {other}"),
         }
         return;
