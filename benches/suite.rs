@@ -40,7 +40,8 @@
 //! 4. **Ingest**: 1,000-change requests (wrk -c8) against `redis-benchmark -P 100 XADD` on the
 //!    same private redis; 1-change requests (wrk -c64) against nginx answering 202. Each rate
 //!    on a fresh hub, after 1 s of the same load that is not counted; each baseline before and
-//!    after the hubs, the higher one kept.
+//!    after the hubs, the higher one kept. Two floors beside 1-change ingest: a bare axum
+//!    server answering 202 at once, and one answering after a group-committed `fdatasync`.
 //! 5. **Catch-up documents** at 10⁵ retained on both stores: the topic (also gzip), a closed
 //!    list and `changes?after=` pages of 1,000 (random `after`), each against nginx serving the
 //!    same bytes as a static file (wrk -c8).
