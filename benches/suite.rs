@@ -982,72 +982,60 @@ fn spawn_role_in(role: &str, name: &str, dir: Option<&Path>) -> (String, procs::
     (format!("http://127.0.0.1:{port}"), server)
 }
 
-/// The framework's floor for figure 4b: axum on a tokio runtime, as the hub has, answering
-/// every `POST /channels/{name}/changes` 202 with a small JSON body once the body is read;
-/// nothing parsed, nothing stored. `/ready` answers when it listens.
-async fn minimal_ingest_server(port: u16) {
-    async fn accept(body: Bytes) -> (StatusCode, [(&'static str, &'static str); 1], String) {
-        (
-            StatusCode::ACCEPTED,
-            [("content-type", "application/json")],
-            format!(r#"{{"accepted":1,"first":{n},"last":{n}}}"#, n = body.len()),
-        )
-    }
-    let app = Router::new()
-        .route("/ready", get(|| async { "ready" }))
-        .route("/channels/{name}/changes", axum::routing::post(accept));
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
-        .await
-        .unwrap();
-    axum::serve(listener, app).await.unwrap();
-}
-
-/// The durable floor of figure 4b: [`minimal_ingest_server`] that answers only once the body
-/// is on disk. Each request hands its body to one writer thread, which appends every body
-/// waiting to one file in `dir`, `fdatasync`s it once for all of them (group commit, as the
-/// hub's embedded store does) and then lets each request answer. The cheapest server that
-/// keeps the hub's promise (202 once the change is durable), with none of the hub's own work:
-/// no parse, no log, no indexes.
-async fn minimal_durable_ingest_server(port: u16, dir: PathBuf) {
-    use std::io::Write;
+/// The floors of figure 4b: axum on a tokio runtime, as the hub has, answering every `POST
+/// /channels/{name}/changes` 202 with a small JSON body once the body is read; nothing
+/// parsed, nothing stored. `/ready` answers when it listens.
+///
+/// With `durable` (a folder), it answers only once the body is on disk: each request hands its
+/// body to one writer thread, which appends every body waiting to one file there, `fdatasync`s
+/// it once for all of them (group commit, as the hub's embedded store does) and then lets each
+/// request answer. The cheapest server that keeps the hub's promise (202 once the change is
+/// durable), with none of the hub's own work: no parse, no log, no indexes.
+async fn minimal_ingest_server(port: u16, durable: Option<PathBuf>) {
     type Job = (Bytes, tokio::sync::oneshot::Sender<()>);
-    let (tx, rx) = std::sync::mpsc::channel::<Job>();
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join("bodies"))
-        .unwrap();
-    std::thread::spawn(move || {
-        while let Ok(first) = rx.recv() {
-            let mut group = vec![first];
-            group.extend(rx.try_iter());
-            for (body, _) in &group {
-                file.write_all(body).unwrap();
-            }
-            file.sync_data().unwrap();
-            for (_, written) in group {
-                let _ = written.send(());
-            }
-        }
-    });
     async fn accept(
-        State(tx): State<std::sync::mpsc::Sender<Job>>,
+        State(writer): State<Option<std::sync::mpsc::Sender<Job>>>,
         body: Bytes,
     ) -> (StatusCode, [(&'static str, &'static str); 1], String) {
         let n = body.len();
-        let (written, on_disk) = tokio::sync::oneshot::channel();
-        tx.send((body, written)).unwrap();
-        on_disk.await.unwrap();
+        if let Some(writer) = writer {
+            let (written, on_disk) = tokio::sync::oneshot::channel();
+            writer.send((body, written)).unwrap();
+            on_disk.await.unwrap();
+        }
         (
             StatusCode::ACCEPTED,
             [("content-type", "application/json")],
             format!(r#"{{"accepted":1,"first":{n},"last":{n}}}"#),
         )
     }
+    let writer = durable.map(|dir| {
+        use std::io::Write;
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("bodies"))
+            .unwrap();
+        std::thread::spawn(move || {
+            while let Ok(first) = rx.recv() {
+                let mut group = vec![first];
+                group.extend(rx.try_iter());
+                for (body, _) in &group {
+                    file.write_all(body).unwrap();
+                }
+                file.sync_data().unwrap();
+                for (_, written) in group {
+                    let _ = written.send(());
+                }
+            }
+        });
+        tx
+    });
     let app = Router::new()
         .route("/ready", get(|| async { "ready" }))
         .route("/channels/{name}/changes", axum::routing::post(accept))
-        .with_state(tx);
+        .with_state(writer);
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
         .await
         .unwrap();
@@ -1870,6 +1858,7 @@ fn steady_cache_mib() -> usize {
         .filter(|&mib| mib > 0)
         .unwrap_or(STEADY_CACHE_MIB)
 }
+
 /// What the steady run's hub may hold beside its caches, MiB. `--cache-size` bounds them all
 /// together (the store's file, the page blocks kept in memory, the closed lists kept rendered);
 /// this is for the rest. Measured (heaptrack, live allocations at the peak of a 3-minute run,
@@ -2282,10 +2271,10 @@ fn main() {
         let runtime = tokio::runtime::Runtime::new().unwrap();
         match role.as_str() {
             "minimal-websocket" => runtime.block_on(minimal_websocket_server(port)),
-            "minimal-ingest" => runtime.block_on(minimal_ingest_server(port)),
+            "minimal-ingest" => runtime.block_on(minimal_ingest_server(port, None)),
             "minimal-durable-ingest" => {
                 let dir = PathBuf::from(std::env::var_os("BENCH_DIR").unwrap());
-                runtime.block_on(minimal_durable_ingest_server(port, dir))
+                runtime.block_on(minimal_ingest_server(port, Some(dir)))
             }
             other => panic!("unknown BENCH_ROLE {other}"),
         }
