@@ -856,7 +856,7 @@ fn start_burst(s: &Arc<dyn Store>) -> Started {
         };
         let mut batch = changes(&body, n);
         let mut shared = change(&format!("shared/{}", g % 4));
-        shared.source = Some(format!("p{}", g % 3));
+        shared.source = Some(format!("p{}", g % 3).into());
         batch.push(shared);
         let sent = Sent {
             changes: batch.clone(),
@@ -990,7 +990,7 @@ pub async fn concurrent_appends_each_get_their_own_outcome(e: &dyn Engine) {
 /// A change of `loc` of kind `kind` sent by publisher `who` (none: no publisher).
 fn sent(loc: &str, kind: ChangeType, who: Option<&str>, when: &str) -> NewChange {
     NewChange {
-        source: who.map(str::to_string),
+        source: who.map(Into::into),
         datetime: Some(at(when)),
         ..NewChange::new(format!("http://example.com/{loc}"), kind)
     }

@@ -100,7 +100,7 @@ pub async fn incorporate(
                     hash: data.hash,
                     length: data.length,
                     media_type: data.media_type,
-                    source: Some(publisher.to_string()),
+                    source: Some(publisher.into()),
                     ..NewChange::new(data.loc, kind)
                 },
                 expected: local.map_or(0, |l| l.change.seq),

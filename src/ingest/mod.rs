@@ -49,8 +49,10 @@ pub async fn accept(
     max_future: std::time::Duration,
 ) -> Result<Appended, IngestError> {
     let mut changes = parse_body(format, body, MAX_CHANGES).map_err(IngestError::Body)?;
+    // One string for the request, shared by its changes.
+    let shared: std::sync::Arc<str> = source.into();
     for change in &mut changes {
-        change.source = Some(source.to_string());
+        change.source = Some(shared.clone());
     }
     let now = OffsetDateTime::now_utc();
     not_too_far_ahead(&changes, now, max_future).map_err(IngestError::Body)?;

@@ -7,6 +7,7 @@
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 use time::format_description::well_known::Rfc3339;
 use time::{Date, Month, OffsetDateTime, PrimitiveDateTime, Time, UtcOffset};
 
@@ -117,7 +118,7 @@ pub struct NewChange {
     /// Who sent it: the name of the publisher whose token came with it (never from the
     /// wire: the ingest endpoint sets it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub source: Option<String>,
+    pub source: Option<Arc<str>>,
 }
 
 /// A change as the log holds it: numbered and dated.
@@ -144,7 +145,7 @@ pub struct Change {
     pub links: Vec<Link>,
     /// The publisher that sent it, when it came through the ingest endpoint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub source: Option<String>,
+    pub source: Option<Arc<str>>,
     /// How many conflicting versions the resource's FeedSync item carries after this change
     /// (see [`super::feedsync`]); set by the store, 0 for most changes.
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -186,7 +187,8 @@ impl Change {
         self.loc.capacity()
             + text(&self.hash)
             + text(&self.media_type)
-            + text(&self.source)
+            // Shared by the changes of a request, counted in each: an estimate that errs high.
+            + self.source.as_ref().map_or(0, |s| s.len())
             + self.links.capacity() * std::mem::size_of::<Link>()
             + self
                 .links

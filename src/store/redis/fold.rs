@@ -704,7 +704,7 @@ mod tests {
     fn the_quick_head_reads_what_serde_reads() {
         let entry = |loc: &str, kind, source: Option<&str>| {
             let change = NewChange {
-                source: source.map(str::to_string),
+                source: source.map(Into::into),
                 hash: Some("md5:1e0d5cb8ef6ba40c99b14c0237be735e".into()),
                 ..NewChange::new(loc.to_string(), kind)
             };

@@ -335,10 +335,14 @@ impl Request {
         let size: usize = changes
             .iter()
             .map(|c| {
-                let strings = [&c.hash, &c.media_type, &c.source]
-                    .iter()
-                    .map(|s| s.as_ref().map_or(0, String::len))
-                    .sum::<usize>();
+                let strings = [
+                    c.hash.as_deref(),
+                    c.media_type.as_deref(),
+                    c.source.as_deref(),
+                ]
+                .iter()
+                .map(|s| s.map_or(0, str::len))
+                .sum::<usize>();
                 DT_KEY_LEN + 160 + c.loc.len() + strings + c.links.len() * 128
             })
             .sum();
@@ -384,12 +388,14 @@ impl Request {
     /// Takes the changes: the entries stay, for [`Request::take_entries`].
     pub(super) fn take_changes(&mut self, first: u64) -> Result<Vec<Change>, StoreError> {
         let changes = std::mem::take(&mut self.changes);
-        (first..)
-            .zip(changes)
-            .zip(self.entries())
+        // Sized up front: collecting `Result`s gives no size hint, and growing a vector of a
+        // thousand changes by doubling copied them several times over.
+        let mut out = Vec::with_capacity(changes.len());
+        for ((seq, new), entry) in (first..).zip(changes).zip(self.entries()) {
             // As decode_entry reads the entry, the change as sent standing for its JSON.
-            .map(|((seq, new), entry)| entry_change(seq, entry, |_| Ok(new)))
-            .collect()
+            out.push(entry_change(seq, entry, |_| Ok(new))?);
+        }
+        Ok(out)
     }
 
     /// Takes the entries, one after the other in one buffer, and where each one ends, as the
@@ -858,7 +864,7 @@ mod tests {
                 href: "http://example.com/a.txt".into(),
                 attrs: [("type".to_string(), "text/plain".to_string())].into(),
             }],
-            source: source.map(str::to_string),
+            source: source.map(Into::into),
         }
     }
 
@@ -888,7 +894,7 @@ mod tests {
         changes.push(every);
         let mut zero = NewChange::new("http://example.com/z", ChangeType::Updated);
         zero.length = Some(0);
-        zero.source = Some(String::new());
+        zero.source = Some("".into());
         changes.push(zero);
         for c in &changes {
             let mut ours = b"before".to_vec();
