@@ -113,7 +113,6 @@ for j = 0, r - 1 do
     for i = done + 1, done + n do
       local sent_e = ARGV[entry0 + i]
       local e = sent_e
-      local loc = ARGV[loc0 + i]
       if not ordered then
         local d = sub(e, 1, 23)
         if d < latest then
@@ -123,12 +122,17 @@ for j = 0, r - 1 do
         latest = d
       end
       last = last + 1
-      if inline then e = sx_record(res_key, loc, e) end
+      local loc
+      if inline then
+        loc = ARGV[loc0 + i]
+        e = sx_record(res_key, loc, e)
+      end
       -- (Strings are interned: this compares two pointers.)
       if e ~= sent_e then sent = 0 end
       -- The index's score is the seq; a chunk's entry id is its first seq (XADD makes it SEQ-0).
-      local id = format('%d', last)
-      if chunked == 0 then chunk_id = id end
+      -- (A seq is formatted only where it is written: one string per change cost Redis a
+      -- sixth of its instructions for an append of 1,000 changes.)
+      if chunked == 0 then chunk_id = format('%d', last) end
       chunked = chunked + 1
       chunk[2 * chunked - 1] = 'c'
       chunk[2 * chunked] = e
@@ -137,7 +141,7 @@ for j = 0, r - 1 do
         pieced = pieced + 2
         entries[pieced - 1] = loc
         entries[pieced] = e
-        scores[pieced - 1] = id
+        scores[pieced - 1] = format('%d', last)
         scores[pieced] = loc
         if pieced >= 1000 then flush_index() end
       end
