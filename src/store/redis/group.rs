@@ -307,7 +307,15 @@ async fn call(appends: &Appends, channel: &str, batch: Vec<Waiting>) {
     };
     // The changes stored as sent are kept before the head moves: the batcher reads them as
     // soon as it does.
-    let mut kept = Vec::new();
+    // Sized for every large request: each one's changes are moved in once, not again as the
+    // vector grows.
+    let mut kept = Vec::with_capacity(
+        batch
+            .iter()
+            .map(|w| w.request.len())
+            .filter(|&n| n >= KEEP_FROM)
+            .sum(),
+    );
     let mut replies = Vec::with_capacity(batch.len());
     for (i, (w, o)) in batch.into_iter().zip(outcomes).enumerate() {
         // (The script answers 0 for a replay or a conflict.)
