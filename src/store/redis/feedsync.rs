@@ -211,7 +211,7 @@ pub(super) async fn append_merged(
     let request = Request::new(news, None, now)?;
     // The merge script refuses while the index is behind the log (answered as a moved loc).
     super::fold::up_to_log(store, channel).await?;
-    let mut call = append_call(&MERGE, channel, &[&request]);
+    let mut call = append_call(&MERGE, channel, &[&request], true);
     for (expected, sync) in &merged {
         call.arg(expected).arg(sync);
     }

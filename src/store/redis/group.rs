@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 use super::conn::Conn;
 use super::events::{known_head, raise, Heads};
 use super::fold::Folds;
-use super::log::{append_call, outcome, run_script, Answer, Request};
+use super::log::{append_call, locs_needed, outcome, run_script, Answer, Request};
 use super::recent::Recent;
 use super::{count_errors, write_until, OP_TIMEOUT};
 use crate::store::{Appended, StoreError};
@@ -50,6 +50,12 @@ const KEEP_FROM: usize = ALONE_FROM;
 const MAX_CHANGES: usize = 1000;
 /// … or this many bytes of entries and locs.
 const MAX_BYTES: usize = 4 << 20;
+
+/// How long a channel's calls send their locs after the script last refused one without them.
+/// Appends are written inline only while some FeedSync item carries conflicts (after a
+/// merge): meanwhile one call a minute is sent twice (refused without its locs, then with
+/// them), and within a minute of the last conflict's end calls go without them again.
+const INLINE_FOR: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// An append waiting for its call.
 struct Waiting {
@@ -75,6 +81,9 @@ pub(super) struct Appends {
     /// appends waiting for the next call (no entry: no call runs). Changed only under the
     /// lock, so that no append is ever left without a call to come.
     waiting: Mutex<HashMap<String, VecDeque<Waiting>>>,
+    /// The channels whose appends the script lately wrote inline (it then needs the changes'
+    /// locs, which a call leaves out otherwise), with when to try without them again.
+    inline: Mutex<HashMap<String, Instant>>,
 }
 
 impl Appends {
@@ -94,7 +103,28 @@ impl Appends {
             folds,
             stop,
             waiting: Mutex::default(),
+            inline: Mutex::default(),
         })
+    }
+
+    /// Whether a call for `channel` sends its changes' locs: only while the channel's appends
+    /// are written inline, as far as this process last heard (see [`INLINE_FOR`]).
+    fn sends_locs(&self, channel: &str) -> bool {
+        let mut inline = self.inline.lock().unwrap_or_else(|e| e.into_inner());
+        match inline.get(channel) {
+            Some(&until) if Instant::now() < until => true,
+            Some(_) => {
+                inline.remove(channel);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Notes that the script refused a call for `channel` for want of its locs.
+    fn inline_for_now(&self, channel: &str) {
+        let mut inline = self.inline.lock().unwrap_or_else(|e| e.into_inner());
+        inline.insert(channel.to_string(), Instant::now() + INLINE_FOR);
     }
 
     fn waiting(&self) -> MutexGuard<'_, HashMap<String, VecDeque<Waiting>>> {
@@ -282,7 +312,8 @@ async fn call(appends: &Appends, channel: &str, batch: Vec<Waiting>) {
         return;
     };
     let requests: Vec<&Request> = batch.iter().map(|w| &w.request).collect();
-    let call = append_call(&appends.script, channel, &requests);
+    let locs = appends.sends_locs(channel);
+    let call = append_call(&appends.script, channel, &requests, locs);
     // Reads that find nothing held wait for this call to end when it may keep changes: the
     // head can move before its answer is in (recent.rs). Ends when dropped, after the keep.
     let _running = requests.iter().any(|r| r.len() >= KEEP_FROM).then(|| {
@@ -291,11 +322,17 @@ async fn call(appends: &Appends, channel: &str, batch: Vec<Waiting>) {
             .begin(channel, known_head(&appends.heads, channel))
     });
     let mut conn = appends.conn.clone();
-    let answer: Result<Answer, StoreError> = write_until(
-        deadline,
-        batch.len() as u64,
-        run_script::<redis::Value>(&appends.script, &call, &mut conn),
-    )
+    let answer: Result<Answer, StoreError> = write_until(deadline, batch.len() as u64, async {
+        match run_script::<redis::Value>(&appends.script, &call, &mut conn).await {
+            // Refused before it wrote anything: sent again with the locs.
+            Err(e) if !locs && locs_needed(&e) => {
+                appends.inline_for_now(channel);
+                let call = append_call(&appends.script, channel, &requests, true);
+                run_script(&appends.script, &call, &mut conn).await
+            }
+            other => other,
+        }
+    })
     .await
     .and_then(|reply| Answer::read(reply, batch.len()));
     let (outcomes, epoch): (Vec<Result<Appended, StoreError>>, _) = match &answer {

@@ -473,7 +473,16 @@ impl Request {
 /// keeps each argument in a `Vec` of its own, then copies them all into the command: about a
 /// tenth of the hub's time under a saturating fill of 1,000-change requests). Run it with
 /// [`run_script`].
-pub(super) fn append_call(script: &Script, channel: &str, requests: &[&Request]) -> Cmd {
+///
+/// Without `locs`, the changes' locs are left out: the script reads them only when it writes
+/// the resource index itself (inline), and refuses then for want of them
+/// ([`locs_needed`]).
+pub(super) fn append_call(
+    script: &Script,
+    channel: &str,
+    requests: &[&Request],
+    locs: bool,
+) -> Cmd {
     const KEYS: [&str; 8] = [
         "log",
         "meta",
@@ -486,7 +495,7 @@ pub(super) fn append_call(script: &Script, channel: &str, requests: &[&Request])
     ];
     let changes: usize = requests.iter().map(|r| r.len()).sum();
     let bytes: usize = requests.iter().map(|r| r.size()).sum();
-    let args = 3 + KEYS.len() + 4 + 5 * requests.len() + 2 * changes + 1;
+    let args = 3 + KEYS.len() + 4 + 5 * requests.len() + (1 + usize::from(locs)) * changes + 1;
     // Room for the entries and locs, the keys, and the short arguments (numbers, the hash).
     let mut cmd = Cmd::with_capacity(args, bytes + 64 * KEYS.len() + 64 + 32 * requests.len());
     cmd.arg("EVALSHA").arg(script.get_hash()).arg(KEYS.len());
@@ -511,14 +520,22 @@ pub(super) fn append_call(script: &Script, channel: &str, requests: &[&Request])
             cmd.arg(entry);
         }
     }
-    for request in requests {
-        for change in &request.changes {
-            cmd.arg(&change.loc);
+    if locs {
+        for request in requests {
+            for change in &request.changes {
+                cmd.arg(&change.loc);
+            }
         }
     }
     // The channel's epoch, should it have none yet (its first append, or its log lost).
     cmd.arg(new_epoch());
     cmd
+}
+
+/// Whether the append script refused a call without locs because it writes the resource
+/// index itself for this channel now (some FeedSync item carries conflicts).
+pub(super) fn locs_needed(e: &redis::RedisError) -> bool {
+    e.to_string().contains("locs needed for")
 }
 
 /// What the append script answered (see `scripts/append.lua`): five numbers per request —
