@@ -336,8 +336,9 @@ pub(super) struct Request {
     /// one per change); entry `i` ends at `ends[i]`.
     entries: Vec<u8>,
     ends: Vec<usize>,
-    /// The changes as sent: their locs go to the script apart, and those stored as sent are
-    /// kept for reading back ([`Request::take_changes`]).
+    /// The changes as sent: their locs go to the script apart when it writes the resource
+    /// index itself ([`append_call`]), and those stored as sent are kept for reading back
+    /// ([`Request::take_changes`]).
     changes: Vec<NewChange>,
     /// Whether the entries' datetime keys never go down from one to the next: the append
     /// script then raises none of them when the first is not below the channel's latest.
