@@ -38,7 +38,7 @@ for j = 0, r - 1 do total = total + ARGV[8 + 5 * j] end
 local entry0 = 4 + 5 * r
 local loc0 = entry0 + total
 -- Only an inline append reads the locs: the hub leaves them out until a call refuses for want
--- of them (leaving 1,000 unread locs out took a ninth off the instructions Redis spends on such a call).
+-- of them (leaving 1,000 unread locs out took a ninth off what Redis spends on such a call).
 local locs_sent = #ARGV == loc0 + total + 1
 local meta = redis.call('HMGET', KEYS[2], 'last', 'dt', 'epoch', 'folded')
 local inline = sx_inline or redis.call('ZCARD', KEYS[8]) > 0
