@@ -7,7 +7,11 @@
 //!   ((k−1)·N, k·N], so a closed list never changes and its URL names its range.
 //! - [`changes_after`]: the exact page of changes after a seq, with a `next` link while more
 //!   remain; [`CatchupError::Gone`] with the oldest retained seq when the seq fell out of
-//!   retention. Its entries come from blocks rendered once ([`pages`]).
+//!   retention.
+//!
+//! The entries of all three (topic, closed lists, pages) come from blocks rendered once
+//! ([`pages`]): a document is its header and the blocks' bytes, not changes read from the
+//! store and rendered again for each request.
 //! - [`resource_list`]: the Resource List, from the resource index, with the seq it reflects
 //!   (a Resource List Index of pages when the channel has more than [`MAX_RESOURCES`]
 //!   resources); [`resource_list_page`] serves one page.
@@ -96,20 +100,6 @@ impl Log<'_> {
             seq_range,
         }
     }
-
-    /// A Change List of `changes` from this log (see [`Log::header`]).
-    fn change_list(
-        &self,
-        changes: &[Change],
-        from: Option<OffsetDateTime>,
-        until: Option<OffsetDateTime>,
-    ) -> Vec<u8> {
-        let seq_range = changes
-            .first()
-            .zip(changes.last())
-            .map(|(f, l)| (f.seq, l.seq));
-        resourcesync::write_change_list(&self.header(seq_range, from, until, None), changes)
-    }
 }
 
 /// The entity tag of a channel's topic document: it changes whenever the open list does.
@@ -141,7 +131,7 @@ fn open_after(head: ChannelHead, lists: Lists) -> u64 {
 /// list. Its `from` is the `until` of the last closed list (the datetime of its last change),
 /// or when that is no longer retained the first change's datetime, or when the list is empty
 /// and nothing was ever closed, when the channel began.
-pub async fn changelist(log: Log<'_>) -> Result<Vec<u8>, StoreError> {
+pub async fn changelist(log: Log<'_>) -> Result<Vec<u8>, CatchupError> {
     let Log {
         store,
         channel,
@@ -149,23 +139,57 @@ pub async fn changelist(log: Log<'_>) -> Result<Vec<u8>, StoreError> {
         origin,
         ..
     } = log;
-    let head = store.head(channel).await?;
-    let after = open_after(head, lists);
-    let closed = lists.closed_upto(head.last);
-    // Bounded by the head just read: changes appended meanwhile wait for the next request.
-    let limit = (closed + lists.size - after).min(MAX_LIST as u64) as usize;
-    let changes = store.read(channel, after, limit).await?;
-    let boundary = if closed >= head.oldest && closed > 0 {
-        datetime_of(store, channel, closed).await?
-    } else {
-        None
-    };
-    let from = match (boundary, changes.first()) {
-        (Some(until), _) => until,
-        (None, Some(first)) => first.datetime,
-        (None, None) => origin.created,
-    };
-    Ok(log.change_list(&changes, Some(from), None))
+    for _ in 0..TOPIC_ATTEMPTS {
+        let head = store.head(channel).await?;
+        let after = open_after(head, lists);
+        let closed = lists.closed_upto(head.last);
+        // Bounded by the head just read: changes appended meanwhile wait for the next request
+        // (the topic's entity tag is of a head too).
+        let end = head.last.min(after.saturating_add(MAX_LIST as u64));
+        let Some(parts) = entries(log, &head, after + 1, end).await? else {
+            continue; // its start trimmed since the head was read: read the head again
+        };
+        let boundary = if closed >= head.oldest && closed > 0 {
+            datetime_of(store, channel, closed).await?
+        } else {
+            None
+        };
+        let from = match (boundary, parts.first()) {
+            (Some(until), _) => until,
+            (None, Some(first)) => first.from,
+            (None, None) => origin.created,
+        };
+        let header = log.header(
+            (end > after).then_some((after + 1, end)),
+            Some(from),
+            None,
+            None,
+        );
+        return Ok(joined(&header, parts));
+    }
+    Err(StoreError::Unavailable(format!(
+        "the log of {channel} was trimmed at the topic's start {TOPIC_ATTEMPTS} times while it was read"
+    ))
+    .into())
+}
+
+/// Reads of the head a topic request makes at most while retention trims the open list's
+/// start under it (only a log retaining fewer changes than a list holds can see this).
+const TOPIC_ATTEMPTS: usize = 3;
+
+/// A whole Change List document, as one buffer, from `parts` (the rendered entries of its
+/// seqs, in order): the topic and closed lists are kept and compressed whole
+/// (`http::rendered`).
+fn joined(header: &ChangeListHeader, parts: Vec<pages::Entries>) -> Vec<u8> {
+    let pieces = resourcesync::write_change_list_pieces(
+        header,
+        parts.into_iter().map(|p| p.bytes).collect(),
+    );
+    let mut document = Vec::with_capacity(pieces.iter().map(|p| p.len()).sum());
+    for piece in &pieces {
+        document.extend_from_slice(piece);
+    }
+    document
 }
 
 /// The links every Change List of `channel` carries: up to its Capability List, and to its
@@ -203,15 +227,16 @@ pub async fn closed_list(log: Log<'_>, first: u64, last: u64) -> Result<Vec<u8>,
     if first < head.oldest {
         return Err(gone);
     }
-    let changes = store
-        .read(channel, first - 1, (last - first + 1) as usize)
-        .await?;
-    if changes.first().map(|c| c.seq) != Some(first) {
+    let Some(parts) = entries(log, &head, first, last).await? else {
         return Err(gone); // trimmed meanwhile
-    }
-    let from = changes.first().map(|c| c.datetime);
-    let until = changes.last().map(|c| c.datetime);
-    Ok(log.change_list(&changes, from, until))
+    };
+    let header = log.header(
+        Some((first, last)),
+        parts.first().map(|p| p.from),
+        parts.last().map(|p| p.until),
+        None,
+    );
+    Ok(joined(&header, parts))
 }
 
 /// Closed Change Lists per Change List Archive document; beyond that the archive becomes an
@@ -365,17 +390,11 @@ pub async fn changes_after(
         });
     }
     let end = after.saturating_add(limit as u64).min(head.last);
-    let mut parts: Vec<pages::Entries> = Vec::new();
-    let mut seq = after + 1;
-    while seq <= end {
-        let Some(part) = page_entries(log, &head, seq, end).await? else {
-            // Trimmed since the head was read.
-            let oldest = store.head(channel).await?.oldest;
-            return Err(CatchupError::Gone { after, oldest });
-        };
-        seq = part.last + 1;
-        parts.push(part);
-    }
+    let Some(parts) = entries(log, &head, after + 1, end).await? else {
+        // Trimmed since the head was read.
+        let oldest = store.head(channel).await?.oldest;
+        return Err(CatchupError::Gone { after, oldest });
+    };
     // The last seq of the page.
     let last = end;
     let next = (last < head.last).then(|| urls.changes_after(channel, last, limit));
@@ -392,6 +411,27 @@ pub async fn changes_after(
         ),
         next,
     })
+}
+
+/// The rendered entries of seqs `first..=end` (none when `end < first`), block by block (see
+/// [`page_entries`]): what every Change List document of the log is made of. `None` when the
+/// log was trimmed meanwhile. The caller checked that `first` is retained.
+async fn entries(
+    log: Log<'_>,
+    head: &ChannelHead,
+    first: u64,
+    end: u64,
+) -> Result<Option<Vec<pages::Entries>>, CatchupError> {
+    let mut parts = Vec::new();
+    let mut seq = first;
+    while seq <= end {
+        let Some(part) = page_entries(log, head, seq, end).await? else {
+            return Ok(None);
+        };
+        seq = part.last + 1;
+        parts.push(part);
+    }
+    Ok(Some(parts))
 }
 
 /// The rendered entries `seq..=` `end` or up to the end of the block holding `seq`: from

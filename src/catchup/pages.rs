@@ -1,10 +1,11 @@
-//! The `<url>` entries of `changes?after=` pages, kept rendered in blocks of [`BLOCK`] seqs.
+//! The `<url>` entries of a log's Change Lists (`changes?after=` pages, the topic, closed
+//! lists), kept rendered in blocks of [`BLOCK`] seqs.
 //!
 //! A log entry never changes once written (retention only drops whole entries from the old
 //! end), so the rendering of seqs `k·BLOCK+1 ..= (k+1)·BLOCK` of a channel and epoch is
-//! the same for every page that covers them, whatever its `after` and `limit`. A page is its
-//! header (rendered per request: its `from`, `until`, seq range and `next` link depend on it)
-//! and slices of blocks. Only complete blocks are kept: all of their seqs written and still
+//! the same for every document that covers them, whatever its range. A page (or topic, or
+//! closed list) is its header (rendered per request: its `from`, `until`, seq range and
+//! links depend on it) and slices of blocks. Only complete blocks are kept: all of their seqs written and still
 //! retained. Two tiers, each bounded, the block used least recently going first:
 //!
 //! - **memory** ([`PageCache`], a quarter of `--cache-size`): the blocks rendered from the

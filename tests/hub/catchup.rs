@@ -408,3 +408,68 @@ async fn a_trimmed_range_is_gone_even_with_its_block_file() {
     }
     assert_eq!(hub.catch_up(1000).await, (1001..=2000).collect::<Vec<_>>());
 }
+
+/// The topic and the closed lists are made of the same rendered blocks as the pages: after a
+/// restart (which empties the block files) a closed list that is read renders its blocks once
+/// and keeps them, in memory and in their files, and every document is byte for byte what
+/// the hub served before the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closed_lists_and_the_topic_are_made_of_the_page_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let tweak = |c: &mut changehub::config::Config| {
+        c.channels.get_mut(CHANNEL).unwrap().retention.list_size = 1000;
+    };
+    let mut hub = TestHub::start_in(dir.path().to_path_buf(), tweak).await;
+    hub.push("a", 1000).await;
+    hub.push("b", 1000).await;
+    let (_, head) = hub.push("c", 500).await;
+    hub.wait_published(head).await;
+    let documents = [
+        "changelist/1-1000.xml".to_string(),
+        "changelist/1001-2000.xml".to_string(),
+        "changelist.xml".to_string(),
+        "changelist/1001-1500.xml".to_string(),
+    ];
+    let read = |hub: &TestHub, path: &str| {
+        let url = format!("{}/channels/{CHANNEL}/{path}", hub.url);
+        let client = hub.client.clone();
+        async move {
+            let resp = client.get(&url).send().await.unwrap();
+            assert_eq!(resp.status(), 200, "{url}");
+            resp.text().await.unwrap()
+        }
+    };
+    let mut before = Vec::new();
+    for path in &documents {
+        before.push(read(&hub, path).await);
+    }
+    hub.stop().await;
+    let old_url = hub.url.clone();
+
+    let hub = TestHub::start_in(dir.path().to_path_buf(), tweak).await;
+    let ready = hub.client.get(format!("{}/readyz", hub.url)).send().await;
+    assert_eq!(ready.unwrap().status(), 200);
+    assert_eq!(written_blocks(&hub), Vec::<u64>::new(), "emptied at start");
+    for (path, before) in documents.iter().zip(&before) {
+        // The hub's links name its address, which the restart changed.
+        let before = &before.replace(&old_url, &hub.url);
+        let after = read(&hub, path).await;
+        let differs = before.lines().zip(after.lines()).find(|(b, a)| b != a);
+        assert_eq!(differs, None, "{path}: the first line that differs");
+        assert_eq!(&after, before, "{path}");
+    }
+    // The first closed list's block was rendered for it and kept; the second's for it too (the
+    // topic, 2001-2500, is no complete block).
+    wait_block_file(&hub, 0).await;
+    wait_block_file(&hub, 1).await;
+    assert_eq!(written_blocks(&hub), [0, 1]);
+    let entries = |doc: &str| doc.matches("<url>").count();
+    assert_eq!(entries(&before[0]), 1000);
+    assert_eq!(
+        entries(&before[2]),
+        500,
+        "the topic: the open list, 2001-2500"
+    );
+    assert!(before[2].contains("http://example.com/c/499</loc>"));
+    assert_eq!(entries(&before[3]), 500);
+}
