@@ -90,15 +90,17 @@ pub struct ServeArgs {
     #[arg(long, env = "CHANGEHUB_MAX_BODY")]
     pub max_body: Option<usize>,
     /// Memory for the hub's caches, all together, in MiB (default 256): half for the embedded
-    /// store's file, a quarter for the rendered entries of `changes?after=` pages, an eighth
+    /// store's file, a quarter for rendered Change List entries (`changes?after=` pages, the
+    /// topic and closed lists are made of them), an eighth
     /// for rendered closed Change Lists, an eighth for the recent notifications that delivery
     /// shares. It bounds the hub's resident memory however long the log grows; more makes
     /// reads of older changes faster. With --redis an eighth (of the store's half) holds the
     /// large requests just appended until the batcher has read them.
     #[arg(long, env = "CHANGEHUB_CACHE_SIZE")]
     pub cache_size: Option<usize>,
-    /// Disk the files of rendered `changes?after=` page entries may take, in MiB (default
-    /// 2048; 0: no files, pages are rendered from the store when memory does not hold them).
+    /// Disk the files of rendered Change List entries (of which `changes?after=` pages, the
+    /// topic and closed lists are made) may take, in MiB (default 2048; 0: no files, entries
+    /// are rendered from the store when memory does not hold them).
     /// The files are a cache, emptied at start-up: in `pages` in the data directory, or with
     /// --redis in a temporary folder removed when the hub stops. About 300 bytes per retained
     /// change: size it to the retention of all channels together.

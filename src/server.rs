@@ -242,7 +242,7 @@ async fn open_pages(config: &PagesConfig) -> PageCache {
             PageCache::with_files(config.memory, files)
         }
         Err(e) => {
-            tracing::warn!(dir = ?config.dir, error = %e, "cannot make the folder of page entry files; pages not in memory are rendered from the store");
+            tracing::warn!(dir = ?config.dir, error = %e, "cannot make the folder of page entry files; Change List entries not in memory are rendered from the store");
             PageCache::with_bound(config.memory)
         }
     }
