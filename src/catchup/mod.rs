@@ -8,16 +8,16 @@
 //! - [`changes_after`]: the exact page of changes after a seq, with a `next` link while more
 //!   remain; [`CatchupError::Gone`] with the oldest retained seq when the seq fell out of
 //!   retention.
-//!
-//! The entries of all three (topic, closed lists, pages) come from blocks rendered once
-//! ([`pages`]): a document is its header and the blocks' bytes, not changes read from the
-//! store and rendered again for each request.
 //! - [`resource_list`]: the Resource List, from the resource index, with the seq it reflects
 //!   (a Resource List Index of pages when the channel has more than [`MAX_RESOURCES`]
 //!   resources); [`resource_list_page`] serves one page.
 //! - [`capability_list`] and [`source_description`]: ResourceSync discovery.
 //! - [`feedsync_collection`]: the channel's FeedSync items as a collection (complete, or
 //!   partial from a seq).
+//!
+//! The entries of the topic, the closed lists and the pages come from blocks rendered once
+//! ([`pages`]): a document is its header and the blocks' bytes, not changes read from the
+//! store and rendered again for each request.
 //!
 //! Everything here only reads the store. Access rules (private channels) are checked by the
 //! caller.
