@@ -282,7 +282,8 @@ impl Inner {
     /// it (a catch-up request) reads the log.
     fn take_from(&mut self, channel: &str, from: u64, upto: u64) -> Option<(String, Vec<Change>)> {
         let held = self.channels.get_mut(channel)?;
-        let mut out = Vec::new();
+        // The runs taken, whole or in part, in seq order: joined below.
+        let mut taken: Vec<VecDeque<Change>> = Vec::new();
         let mut next = from;
         while next <= upto {
             // The run that holds `next`, if any.
@@ -303,16 +304,15 @@ impl Inner {
             }
             let wanted = usize::try_from((upto - next).saturating_add(1)).unwrap_or(usize::MAX);
             if run.len() > wanted {
-                out.extend(run.drain(..wanted));
-                held.runs.insert(next + wanted as u64, run);
+                let rest = run.split_off(wanted);
+                held.runs.insert(next + wanted as u64, rest);
+                taken.push(run);
                 break;
             }
             next += run.len() as u64;
-            out.extend(run);
+            taken.push(run);
         }
-        if out.is_empty() {
-            return None;
-        }
+        let out = joined(taken)?;
         self.bytes -= weight_of(&out);
         let epoch = held.epoch.clone();
         if held.runs.is_empty() {
@@ -320,6 +320,22 @@ impl Inner {
         }
         Some((epoch, out))
     }
+}
+
+/// The runs one after the other in one vector; none when there are none. The first becomes
+/// the vector without a copy (a run is a `Vec` turned into a `VecDeque` by [`Held::insert`],
+/// so its changes start at the front of its buffer), which is then grown once for the rest:
+/// the batcher takes several requests' runs at once, and each copy of 1,000 changes is a fifth
+/// of a megabyte.
+fn joined(runs: Vec<VecDeque<Change>>) -> Option<Vec<Change>> {
+    let rest: usize = runs.iter().skip(1).map(VecDeque::len).sum();
+    let mut runs = runs.into_iter();
+    let mut out = Vec::from(runs.next()?);
+    out.reserve_exact(rest);
+    for run in runs {
+        out.extend(run);
+    }
+    (!out.is_empty()).then_some(out)
 }
 
 impl Held {
