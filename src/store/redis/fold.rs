@@ -62,6 +62,10 @@ const FOLD: &str = include_str!("scripts/fold.lua");
 /// than about two such loads behind the log (when every change is to a resource of its own,
 /// nothing coalesces and the fold is as slow as the append was when it wrote the index).
 const MAX_KEPT: usize = 32 << 20;
+/// The entries of an append shorter than this, in bytes, are copied onto the piece before
+/// ([`Folds::appended`]); those of a large append (about 500 changes and more) keep their
+/// own buffer.
+const JOIN_BELOW: usize = 64 << 10;
 /// An append waits for room at most this long (should the folder be gone).
 const MAX_WAIT: Duration = Duration::from_secs(5);
 
@@ -120,11 +124,13 @@ impl Folds {
         if let Some((entries, ends)) = entries.filter(|(_, ends)| !ends.is_empty()) {
             kept.bytes += entries.len();
             match pieces.last_mut() {
-                // One after the other (the appends of one call, nearly always): copied onto
-                // the end of the piece before, so that a stream of small appends keeps a few
-                // large buffers, not one of its own each (freed together by the folder, they
-                // cost the allocator more than the copy).
-                Some(piece) if piece.last() + 1 == first => {
+                // A small append one after the other (the appends of one call, nearly
+                // always): copied onto the end of the piece before, so that a stream of small
+                // appends keeps a few large buffers, not one of its own each (freed together
+                // by the folder, they cost the allocator more than the copy). A large one
+                // keeps its own buffer: copying it, and the piece before again each time that
+                // one grows, cost more than the buffer.
+                Some(piece) if piece.last() + 1 == first && entries.len() < JOIN_BELOW => {
                     let base = piece.entries.len();
                     piece.entries.extend_from_slice(&entries);
                     piece.ends.extend(ends.iter().map(|end| end + base));
@@ -418,6 +424,8 @@ struct Step {
     /// Whole seconds since the epoch, from the entry's datetime key.
     when: i64,
     deleted: bool,
+    /// The resource's next change, by its index in [`Resources::steps`].
+    next: Option<usize>,
 }
 
 /// A resource changed in the entries being folded.
@@ -425,14 +433,36 @@ struct Resource {
     /// Its latest change: the seq, and the index of the entry in the read.
     seq: u64,
     entry: usize,
-    steps: Vec<Step>,
+    /// Its first and last changes in [`Resources::steps`], and how many it has.
+    first: usize,
+    last: usize,
+    count: usize,
+    /// The publisher of all its changes, when one made them all ([`Step::by`]): known
+    /// without a walk of the steps, which lie all over [`Resources::steps`].
+    one_by: Option<usize>,
 }
 
 /// Keyed by loc as the entries hold it (borrowed: no copy per resource), hashed with
 /// foldhash (SipHash was a twentieth of the hub's instructions per change in a fold).
 struct Resources<'a> {
     by_loc: foldhash::HashMap<Cow<'a, str>, Resource>,
+    /// The changes of every resource, in the read's order, each resource's linked from its
+    /// first on: one vector for all (a vector per resource grew again and again where a
+    /// resource changes many times between folds).
+    steps: Vec<Step>,
     publishers: Vec<String>,
+}
+
+impl Resources<'_> {
+    /// The changes of `resource`, in order.
+    fn steps_of<'s>(&'s self, resource: &Resource) -> impl Iterator<Item = &'s Step> + 's {
+        let mut at = Some(resource.first);
+        std::iter::from_fn(move || {
+            let step = &self.steps[at?];
+            at = step.next;
+            Some(step)
+        })
+    }
 }
 
 /// The resources of `read`, each with its changes in order.
@@ -444,6 +474,7 @@ fn coalesce(read: &Read) -> Result<Resources<'_>, StoreError> {
             Default::default(),
         ),
         publishers: Vec::new(),
+        steps: Vec::with_capacity(read.len()),
     };
     for (i, (seq, _, _)) in read.entries.iter().enumerate() {
         let entry = read.entry(i);
@@ -471,16 +502,23 @@ fn coalesce(read: &Read) -> Result<Resources<'_>, StoreError> {
             }
             _ => None,
         };
-        let step = Step {
+        let step = out.steps.len();
+        out.steps.push(Step {
             by,
             when,
             deleted: head.change == ChangeType::Deleted,
-        };
+            next: None,
+        });
         match out.by_loc.get_mut(head.loc.as_ref()) {
             Some(r) => {
                 r.seq = *seq;
                 r.entry = i;
-                r.steps.push(step);
+                out.steps[r.last].next = Some(step);
+                r.last = step;
+                r.count += 1;
+                if r.one_by != by {
+                    r.one_by = None;
+                }
             }
             None => {
                 out.by_loc.insert(
@@ -488,7 +526,10 @@ fn coalesce(read: &Read) -> Result<Resources<'_>, StoreError> {
                     Resource {
                         seq: *seq,
                         entry: i,
-                        steps: vec![step],
+                        first: step,
+                        last: step,
+                        count: 1,
+                        one_by: by,
                     },
                 );
             }
@@ -609,10 +650,7 @@ fn counted_on(
     resource: &Resource,
     resources: &Resources<'_>,
 ) -> Option<String> {
-    let by = resource.steps[0].by?;
-    if resource.steps.iter().any(|s| s.by != Some(by)) {
-        return None;
-    }
+    let by = resource.one_by?;
     let publisher = &resources.publishers[by];
     let before: u64 = match stored {
         None => 0,
@@ -626,7 +664,7 @@ fn counted_on(
             updates.parse().ok()?
         }
     };
-    let updates = (before + resource.steps.len() as u64).min(i32::MAX as u64);
+    let updates = (before + resource.count as u64).min(i32::MAX as u64);
     Some(counted_item(updates, publisher))
 }
 
@@ -663,7 +701,7 @@ fn recorded(
         }
     };
     let had = sync.as_ref().is_some_and(|s| !s.conflicts.is_empty());
-    for step in &resource.steps {
+    for step in resources.steps_of(resource) {
         let by = step.by.map(|b| resources.publishers[b].as_str());
         let when = OffsetDateTime::from_unix_timestamp(step.when)
             .map_err(|e| StoreError::Corrupt(e.to_string()))?;
@@ -673,7 +711,7 @@ fn recorded(
         return Err(StoreError::Corrupt(format!("no change of {loc} to fold")));
     };
     let has = !sync.conflicts.is_empty();
-    let last_by = resource.steps.last().and_then(|s| s.by);
+    let last_by = resources.steps[resource.last].by;
     let counted = last_by.filter(|_| {
         sync.history.len() == 1
             && sync.history[0].sequence == sync.updates
