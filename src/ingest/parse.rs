@@ -190,6 +190,8 @@ fn from_wire(index: usize, wire: WireChange<'_>) -> Result<NewChange, BodyError>
 #[derive(Clone, Copy)]
 struct ChangesSeed {
     max: usize,
+    /// How many changes the array likely holds ([`likely_changes`]): the vector's room.
+    likely: usize,
 }
 
 impl<'de> serde::de::DeserializeSeed<'de> for ChangesSeed {
@@ -206,7 +208,7 @@ impl<'de> serde::de::Visitor<'de> for ChangesSeed {
     }
     fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
         use serde::de::Error;
-        let mut out = Vec::new();
+        let mut out = Vec::with_capacity(self.likely.min(self.max));
         while let Some(wire) = seq.next_element::<WireChange<'de>>()? {
             if out.len() == self.max {
                 return Err(A::Error::custom("too many changes"));
@@ -265,7 +267,10 @@ fn parse_json_fast(text: &[u8], max_entries: usize) -> Option<Vec<NewChange>> {
     use serde::de::DeserializeSeed;
     let text = std::str::from_utf8(text).ok()?;
     let first = text.bytes().find(|b| !b.is_ascii_whitespace())?;
-    let seed = ChangesSeed { max: max_entries };
+    let seed = ChangesSeed {
+        max: max_entries,
+        likely: likely_changes(text.as_bytes()),
+    };
     match first {
         b'[' => whole(text, |d| seed.deserialize(d)),
         b'{' => whole(text, |d| WrappedSeed(seed).deserialize(d)).or_else(|| {
@@ -274,6 +279,15 @@ fn parse_json_fast(text: &[u8], max_entries: usize) -> Option<Vec<NewChange>> {
         }),
         _ => None,
     }
+}
+
+/// How many changes a JSON body likely holds: how often `"loc"` appears in it, which is once
+/// per change (a loc or other string that holds those five characters has its quotes
+/// escaped), and more only where a link has an attribute of that name. Counted many bytes at
+/// a time, it lets the vector of a large body's changes be allocated once: grown by doubling,
+/// 1,000 changes of about 200 bytes each were copied about twice over.
+fn likely_changes(text: &[u8]) -> usize {
+    memchr::memmem::find_iter(text, br#""loc""#).count()
 }
 
 /// What `read` reads from `text`, when it reads it all (nothing but whitespace after it).
@@ -400,6 +414,16 @@ fn nonempty(changes: Vec<NewChange>) -> Result<Vec<NewChange>, BodyError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_likely_count_of_changes_is_one_per_loc_key() {
+        let body = br#"[{"loc":"http://e.com/\"loc\"","change":"created"},
+            {"loc":"http://e.com/b","change":"updated","links":[{"rel":"x","href":"http://e.com/c","loc":"y"}]},
+            {"change":"deleted","loc":"http://e.com/d"}]"#;
+        // Three changes; the link's attribute named loc counts too (a hint, never less).
+        assert_eq!(likely_changes(body), 4);
+        assert_eq!(likely_changes(b"[]"), 0);
+    }
 
     #[test]
     fn json_shapes() {
