@@ -171,6 +171,10 @@ struct Recent {
     /// these in place instead of reaching into each notification it passes (every delivery
     /// worker looks up each notification it sends).
     firsts: VecDeque<u64>,
+    /// What each notification of `list` counts against the budget (its
+    /// [`memory`](Notification::memory) when it came, at the same index): taken off again
+    /// without a walk of its changes, long gone from the CPU's caches by then.
+    counted: VecDeque<usize>,
     budget: Arc<RecentBudget>,
 }
 
@@ -179,34 +183,39 @@ impl Recent {
         Recent {
             list: VecDeque::new(),
             firsts: VecDeque::new(),
+            counted: VecDeque::new(),
             budget,
         }
     }
 
-    /// Adds `n` at the end and drops the oldest beyond the bounds. A notification that does
-    /// not come after the last one (the log started again) empties the list first, so that
-    /// it stays in seq order.
-    fn push(&mut self, n: Arc<Notification>) {
+    /// Adds `n` at the end and takes out the oldest beyond the bounds, which it returns: the
+    /// caller drops them once it has let the feed's lock go (freeing a notification's
+    /// thousand changes is not quick). A notification that does not come after the last one
+    /// (the log started again) empties the list first, so that it stays in seq order.
+    fn push(&mut self, n: Arc<Notification>) -> Vec<Arc<Notification>> {
+        let mut gone = Vec::new();
         if self.list.back().is_some_and(|last| last.first >= n.first) {
-            while self.pop() {}
+            gone.extend(std::iter::from_fn(|| self.pop()));
         }
-        self.budget.used.fetch_add(n.memory(), Ordering::Relaxed);
+        let memory = n.memory();
+        self.budget.used.fetch_add(memory, Ordering::Relaxed);
+        self.counted.push_back(memory);
         self.firsts.push_back(n.first);
         self.list.push_back(n);
         while self.list.len() > 1 && (self.budget.over() || self.list.len() > RECENT_MAX) {
-            self.pop();
+            gone.extend(self.pop());
         }
+        gone
     }
 
-    /// Drops the oldest; false when there was none.
-    fn pop(&mut self) -> bool {
-        let Some(old) = self.list.pop_front() else {
-            return false;
-        };
+    /// Takes out the oldest; none when there was none.
+    fn pop(&mut self) -> Option<Arc<Notification>> {
+        let old = self.list.pop_front()?;
         self.firsts.pop_front();
         // The same figure as when it came: a kept notification does not change.
-        self.budget.used.fetch_sub(old.memory(), Ordering::Relaxed);
-        true
+        let memory = self.counted.pop_front().unwrap_or_else(|| old.memory());
+        self.budget.used.fetch_sub(memory, Ordering::Relaxed);
+        Some(old)
     }
 
     fn get(&self, first: u64) -> Option<Arc<Notification>> {
@@ -217,7 +226,7 @@ impl Recent {
 
 impl Drop for Recent {
     fn drop(&mut self) {
-        while self.pop() {}
+        while self.pop().is_some() {}
     }
 }
 
@@ -366,13 +375,15 @@ impl ChannelFeed {
 
     fn publish(&self, n: Notification) {
         let n = Arc::new(n);
-        {
+        let gone = {
             let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
-            recent.push(n.clone());
+            let gone = recent.push(n.clone());
             if let (Some(pages), Some(origin)) = (&self.pages, self.origin.get()) {
                 pages.published(&origin.epoch, recent.list.make_contiguous(), &n);
             }
-        }
+            gone
+        };
+        drop(gone);
         // The seq first, then the broadcast: a follower that subscribes in between replays
         // this notification from the log (and skips it live); the other order could leave it
         // unseen until the next notification.
