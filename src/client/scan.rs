@@ -233,7 +233,7 @@ pub fn scan(
             lastmod: lastmod(*mtime),
             hash: Some(record.hash.clone()),
             length: Some(record.size),
-            media_type: mime_guess::from_path(path).first_raw().map(str::to_string),
+            media_type: mime_guess::from_path(path).first_raw().map(Into::into),
             links: Vec::new(),
             source: None,
         };

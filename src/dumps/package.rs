@@ -234,7 +234,7 @@ pub async fn make(
                 let path = path_for(c);
                 entry.hash = Some(hash::of(&bytes));
                 entry.length = Some(bytes.len() as u64);
-                entry.media_type = c.media_type.clone().or(media_type);
+                entry.media_type = c.media_type.as_deref().map(String::from).or(media_type);
                 entry.path = Some(path.clone());
                 resources += 1;
                 if tx.send(Piece::Bitstream { path, bytes }).await.is_err() {

@@ -123,7 +123,7 @@ fn check_item(item: &Item) -> Result<(), String> {
             lastmod: data.lastmod,
             hash: data.hash.clone(),
             length: data.length,
-            media_type: data.media_type.clone(),
+            media_type: data.media_type.as_deref().map(Into::into),
             ..crate::model::NewChange::new(data.loc.clone(), crate::model::ChangeType::Updated)
         };
         change.validate().map_err(|e| e.to_string())?;

@@ -99,7 +99,7 @@ pub async fn incorporate(
                     lastmod: data.lastmod,
                     hash: data.hash,
                     length: data.length,
-                    media_type: data.media_type,
+                    media_type: data.media_type.map(Into::into),
                     source: Some(publisher.into()),
                     ..NewChange::new(data.loc, kind)
                 },

@@ -110,9 +110,10 @@ pub struct NewChange {
     pub hash: Option<String>,
     #[serde(default)]
     pub length: Option<u64>,
-    /// Media type of the resource (`type` on the wire).
+    /// Media type of the resource (`type` on the wire). Shared: the changes of one request
+    /// nearly always name one or a few types, and ingest gives each a reference to one string.
     #[serde(default, rename = "type")]
-    pub media_type: Option<String>,
+    pub media_type: Option<Arc<str>>,
     #[serde(default)]
     pub links: Vec<Link>,
     /// Who sent it: the name of the publisher whose token came with it (never from the
@@ -140,7 +141,7 @@ pub struct Change {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub length: Option<u64>,
     #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
-    pub media_type: Option<String>,
+    pub media_type: Option<Arc<str>>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub links: Vec<Link>,
     /// The publisher that sent it, when it came through the ingest endpoint.
@@ -186,7 +187,8 @@ impl Change {
         let text = |s: &Option<String>| s.as_ref().map_or(0, String::capacity);
         self.loc.capacity()
             + text(&self.hash)
-            + text(&self.media_type)
+            // Shared by many changes, counted in each, as `source` below.
+            + self.media_type.as_ref().map_or(0, |t| t.len())
             // Shared by the changes of a request, counted in each: an estimate that errs high.
             + self.source.as_ref().map_or(0, |s| s.len())
             + self.links.capacity() * std::mem::size_of::<Link>()

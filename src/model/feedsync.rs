@@ -380,7 +380,7 @@ impl ItemData {
             lastmod: change.lastmod,
             hash: change.hash.clone(),
             length: change.length,
-            media_type: change.media_type.clone(),
+            media_type: change.media_type.as_deref().map(String::from),
         }
     }
 }

@@ -205,7 +205,7 @@ fn url_entry(raw: RawEntry, index: usize, is_change: bool) -> Result<ParsedEntry
             lastmod,
             hash,
             length,
-            media_type,
+            media_type: media_type.map(Into::into),
             links: raw.links,
             source: None,
         },
@@ -345,7 +345,7 @@ pub(super) fn manifest_entry(raw: RawEntry, index: usize) -> Result<ManifestEntr
         datetime: change.datetime,
         hash: change.hash,
         length: change.length,
-        media_type: change.media_type,
+        media_type: change.media_type.as_deref().map(String::from),
         path,
         seq: parsed.seq,
     })
