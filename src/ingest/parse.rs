@@ -317,12 +317,17 @@ fn parse_json_fast(text: &[u8], max_entries: usize) -> Option<Vec<NewChange>> {
 
 /// How many changes a JSON body likely holds: how often `"loc"` appears in it, which is once
 /// per change (a loc or other string that holds those five characters has its quotes
-/// escaped), and more only where a link has an attribute of that name. Counted many bytes at
-/// a time, it lets the vector of a large body's changes be allocated once: grown by doubling,
-/// 1,000 changes of about 200 bytes each were copied about twice over.
+/// escaped), and more only where a link has an attribute of that name; never more than the
+/// body could hold ([`SMALLEST_CHANGE`]). Counted many bytes at a time, it lets the vector of
+/// a large body's changes be allocated once: grown by doubling, 1,000 changes of about 200
+/// bytes each were copied about twice over.
 fn likely_changes(text: &[u8]) -> usize {
-    memchr::memmem::find_iter(text, br#""loc""#).count()
+    let keys = memchr::memmem::find_iter(text, br#""loc""#).count();
+    keys.min(text.len() / SMALLEST_CHANGE)
 }
+
+/// Fewer bytes than any change takes in JSON: `{"loc":"http://a","change":"created"}` is 37.
+const SMALLEST_CHANGE: usize = 32;
 
 /// What `read` reads from `text`, when it reads it all (nothing but whitespace after it).
 fn whole<'a, T>(
@@ -459,6 +464,13 @@ mod tests {
         // Three changes; the link's attribute named loc counts too (a hint, never less).
         assert_eq!(likely_changes(body), 4);
         assert_eq!(likely_changes(b"[]"), 0);
+        // Never more than a body of its size could hold, whatever it is made of.
+        let crafted = format!("[{}\"loc\"]", r#""loc","#.repeat(1000));
+        assert_eq!(
+            likely_changes(crafted.as_bytes()),
+            crafted.len() / SMALLEST_CHANGE
+        );
+        assert!(crafted.len() / SMALLEST_CHANGE < 1001);
     }
 
     #[test]
