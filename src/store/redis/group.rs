@@ -34,7 +34,6 @@ use super::fold::Folds;
 use super::log::{append_call, locs_needed, outcome, run_script, Answer, Request};
 use super::recent::Recent;
 use super::{count_errors, write_until, OP_TIMEOUT};
-use crate::model::Change;
 use crate::store::{Appended, StoreError};
 
 /// A request of this many changes or more makes its own call at once, alone.
@@ -343,20 +342,19 @@ async fn call(appends: &Appends, channel: &str, batch: Vec<Waiting>) {
         ),
         Err(e) => (batch.iter().map(|_| Err(e.clone())).collect(), None),
     };
-    // The changes stored as sent are kept before the head moves: the batcher reads them as
-    // soon as it does. Each large request's, joined below.
-    let mut kept: Vec<Vec<Change>> = Vec::new();
     let mut replies = Vec::with_capacity(batch.len());
     for (i, (w, o)) in batch.into_iter().zip(outcomes).enumerate() {
         // (The script answers 0 for a replay or a conflict.)
         let as_sent = answer.as_ref().is_ok_and(|a| a.numbers[5 * i + 4] == 1);
         let large = w.request.len() >= KEEP_FROM;
         let mut request = w.request;
-        if let (true, true, Some(_), Ok(appended)) = (large, as_sent, epoch, &o) {
-            // Encoded by this process a moment ago, so it reads back; should it not, the
-            // batcher reads these changes from the log.
+        if let (true, true, Some(epoch), Ok(appended)) = (large, as_sent, epoch, &o) {
+            // The changes stored as sent are kept before the head moves (the batcher reads
+            // them as soon as it does), as the request's own vector. Encoded by this process
+            // a moment ago, so they read back; should they not, the batcher reads them from
+            // the log.
             if let Ok(changes) = request.take_changes(appended.first) {
-                kept.push(changes);
+                appends.recent.keep(channel, epoch, changes);
             }
         }
         match &o {
@@ -371,9 +369,6 @@ async fn call(appends: &Appends, channel: &str, batch: Vec<Waiting>) {
         }
         replies.push((w.reply, o));
     }
-    if let Some(epoch) = epoch {
-        appends.recent.keep(channel, epoch, joined(kept));
-    }
     // The head moves before anyone hears of the append, as for one append alone.
     let last = replies
         .iter()
@@ -387,19 +382,6 @@ async fn call(appends: &Appends, channel: &str, batch: Vec<Waiting>) {
     for (reply, o) in replies {
         let _ = reply.send(o);
     }
-}
-
-/// The changes of `parts` one after the other: the one vector itself when there is one (a
-/// call of one large request, the common case), else moved once into a vector sized for all.
-fn joined(mut parts: Vec<Vec<Change>>) -> Vec<Change> {
-    if parts.len() == 1 {
-        return parts.pop().unwrap_or_default();
-    }
-    let mut all = Vec::with_capacity(parts.iter().map(Vec::len).sum());
-    for part in parts {
-        all.extend(part);
-    }
-    all
 }
 
 #[cfg(test)]
