@@ -40,8 +40,10 @@
 //! 4. **Ingest**: 1,000-change requests (wrk -c8) against `redis-benchmark -P 100 XADD` on the
 //!    same private redis; 1-change requests (wrk -c64) against nginx answering 202. Each rate
 //!    on a fresh hub, after 1 s of the same load that is not counted; each baseline before and
-//!    after the hubs, the higher one kept. Two floors beside 1-change ingest: a bare axum
-//!    server answering 202 at once, and one answering after a group-committed `fdatasync`.
+//!    after the hubs, the higher one kept. Three floors beside 1-change ingest: a bare axum
+//!    server answering 202 at once, one answering after a group-committed `fdatasync`, and
+//!    one answering after a pipeline of `XADD`s to the private redis; the hub's 1-change
+//!    rates are also given against the floor of their own store.
 //! 5. **Catch-up documents** at 10⁵ retained on both stores: the topic (also gzip), a closed
 //!    list and `changes?after=` pages of 1,000 (random `after`), each against nginx serving the
 //!    same bytes as a static file (wrk -c8).
@@ -964,44 +966,63 @@ async fn callback(ctx: &mut Ctx) {
 /// This bench binary as a child process in `role` (see `main`) on a free port: its base URL
 /// and the process (stopped when dropped).
 fn spawn_role(role: &str, name: &str) -> (String, procs::Proc) {
-    spawn_role_in(role, name, None)
+    spawn_role_with(role, name, &[])
 }
 
-/// [`spawn_role`], with `dir` (if any) as the role's `BENCH_DIR`.
-fn spawn_role_in(role: &str, name: &str, dir: Option<&Path>) -> (String, procs::Proc) {
+/// [`spawn_role`], with more environment for the role (`BENCH_DIR`, `BENCH_REDIS`).
+fn spawn_role_with(
+    role: &str,
+    name: &str,
+    env: &[(&str, &std::ffi::OsStr)],
+) -> (String, procs::Proc) {
     let port = procs::free_port();
     let mut command = std::process::Command::new(std::env::current_exe().unwrap());
     command
         .env("BENCH_ROLE", role)
         .env("BENCH_PORT", port.to_string())
+        .envs(env.iter().copied())
         .stdout(std::process::Stdio::null());
-    if let Some(dir) = dir {
-        command.env("BENCH_DIR", dir);
-    }
     let server = procs::Proc::spawn(name, &mut command, None);
     (format!("http://127.0.0.1:{port}"), server)
+}
+
+/// Where a minimal ingest server puts a body before it answers (see
+/// [`minimal_ingest_server`]).
+enum Floor {
+    /// Nowhere: it answers once the body is read.
+    Answer,
+    /// Into a file in this folder, `fdatasync`ed (group commit).
+    Disk(PathBuf),
+    /// Into a stream of the Redis server at this URL (one pipeline for every body waiting).
+    Redis(String),
 }
 
 /// The floors of figure 4b: axum on a tokio runtime, as the hub has, answering every `POST
 /// /channels/{name}/changes` 202 with a small JSON body once the body is read; nothing
 /// parsed, nothing stored. `/ready` answers when it listens.
 ///
-/// With `durable` (a folder), it answers only once the body is on disk: each request hands its
+/// With [`Floor::Disk`], it answers only once the body is on disk: each request hands its
 /// body to one writer thread, which appends every body waiting to one file there, `fdatasync`s
 /// it once for all of them (group commit, as the hub's embedded store does) and then lets each
 /// request answer. The cheapest server that keeps the hub's promise (202 once the change is
 /// durable), with none of the hub's own work: no parse, no log, no indexes.
-async fn minimal_ingest_server(port: u16, durable: Option<PathBuf>) {
+///
+/// With [`Floor::Redis`], it answers only once Redis has the body: one task takes every body
+/// waiting, sends them as one pipeline of `XADD`s (one round trip for the group, as the hub's
+/// Redis store does) and then lets each request answer. The cheapest answer on the Redis
+/// store's terms, with none of the hub's own work: no parse, no script, no indexes.
+async fn minimal_ingest_server(port: u16, floor: Floor) {
     type Job = (Bytes, tokio::sync::oneshot::Sender<()>);
+    type Writer = Arc<dyn Fn(Job) + Send + Sync>;
     async fn accept(
-        State(writer): State<Option<std::sync::mpsc::Sender<Job>>>,
+        State(writer): State<Option<Writer>>,
         body: Bytes,
     ) -> (StatusCode, [(&'static str, &'static str); 1], String) {
         let n = body.len();
         if let Some(writer) = writer {
-            let (written, on_disk) = tokio::sync::oneshot::channel();
-            writer.send((body, written)).unwrap();
-            on_disk.await.unwrap();
+            let (written, stored) = tokio::sync::oneshot::channel();
+            writer((body, written));
+            stored.await.unwrap();
         }
         (
             StatusCode::ACCEPTED,
@@ -1009,29 +1030,59 @@ async fn minimal_ingest_server(port: u16, durable: Option<PathBuf>) {
             format!(r#"{{"accepted":1,"first":{n},"last":{n}}}"#),
         )
     }
-    let writer = durable.map(|dir| {
-        use std::io::Write;
-        let (tx, rx) = std::sync::mpsc::channel::<Job>();
-        let mut file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(dir.join("bodies"))
-            .unwrap();
-        std::thread::spawn(move || {
-            while let Ok(first) = rx.recv() {
-                let mut group = vec![first];
-                group.extend(rx.try_iter());
-                for (body, _) in &group {
-                    file.write_all(body).unwrap();
+    let writer: Option<Writer> = match floor {
+        Floor::Answer => None,
+        Floor::Disk(dir) => {
+            use std::io::Write;
+            let (tx, rx) = std::sync::mpsc::channel::<Job>();
+            let mut file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(dir.join("bodies"))
+                .unwrap();
+            std::thread::spawn(move || {
+                while let Ok(first) = rx.recv() {
+                    let mut group = vec![first];
+                    group.extend(rx.try_iter());
+                    for (body, _) in &group {
+                        file.write_all(body).unwrap();
+                    }
+                    file.sync_data().unwrap();
+                    for (_, written) in group {
+                        let _ = written.send(());
+                    }
                 }
-                file.sync_data().unwrap();
-                for (_, written) in group {
-                    let _ = written.send(());
+            });
+            Some(Arc::new(move |job| tx.send(job).unwrap()))
+        }
+        Floor::Redis(url) => {
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Job>();
+            let client = redis::Client::open(url.as_str()).unwrap();
+            let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+            tokio::spawn(async move {
+                while let Some(first) = rx.recv().await {
+                    let mut group = vec![first];
+                    while let Ok(job) = rx.try_recv() {
+                        group.push(job);
+                    }
+                    let mut pipe = redis::pipe();
+                    for (body, _) in &group {
+                        pipe.cmd("XADD")
+                            .arg("bench-floor")
+                            .arg("*")
+                            .arg("b")
+                            .arg(body.as_ref())
+                            .ignore();
+                    }
+                    pipe.query_async::<()>(&mut conn).await.unwrap();
+                    for (_, written) in group {
+                        let _ = written.send(());
+                    }
                 }
-            }
-        });
-        tx
-    });
+            });
+            Some(Arc::new(move |job| tx.send(job).unwrap()))
+        }
+    };
     let app = Router::new()
         .route("/ready", get(|| async { "ready" }))
         .route("/channels/{name}/changes", axum::routing::post(accept))
@@ -1043,10 +1094,15 @@ async fn minimal_ingest_server(port: u16, durable: Option<PathBuf>) {
 }
 
 /// req/s of `script` (wrk -c64, like figure 4b) against a minimal axum server in `role`:
-/// `minimal-ingest` or `minimal-durable-ingest` (its file in a temporary directory).
-async fn minimal_ingest_rate(role: &str, script: &Path) -> f64 {
+/// `minimal-ingest`, `minimal-durable-ingest` (its file in a temporary directory) or
+/// `minimal-redis-ingest` (on `redis`, flushed after it).
+async fn minimal_ingest_rate(role: &str, script: &Path, redis: &Redis) -> f64 {
     let dir = tempfile::tempdir().unwrap();
-    let (base, _server) = spawn_role_in(role, "the minimal ingest server", Some(dir.path()));
+    let env = [
+        ("BENCH_DIR", dir.path().as_os_str()),
+        ("BENCH_REDIS", std::ffi::OsStr::new(&redis.url)),
+    ];
+    let (base, server) = spawn_role_with(role, "the minimal ingest server", &env);
     let client = reqwest::Client::new();
     procs::poll(
         "the minimal ingest server",
@@ -1058,7 +1114,10 @@ async fn minimal_ingest_rate(role: &str, script: &Path) -> f64 {
         },
     )
     .await;
-    warm_wrk(&format!("{base}/channels/bench/changes"), 64, script).await
+    let rate = warm_wrk(&format!("{base}/channels/bench/changes"), 64, script).await;
+    drop(server);
+    redis.flush().await;
+    rate
 }
 
 struct Ingest {
@@ -1131,9 +1190,10 @@ async fn ingest(ctx: &mut Ctx) {
     let small = ctx.ingest_script("ingest-1", &changes_body(1));
     progress("ingest baselines: redis-benchmark XADD, nginx 202");
     let (xadd, nginx) = ingest_baselines(ctx, &small).await;
-    progress("ingest baselines: a minimal axum server answering 202, and one that writes first");
-    let axum_floor = minimal_ingest_rate("minimal-ingest", &small).await;
-    let durable_floor = minimal_ingest_rate("minimal-durable-ingest", &small).await;
+    progress("ingest baselines: a minimal axum server answering 202, and ones that write first");
+    let axum_floor = minimal_ingest_rate("minimal-ingest", &small, &ctx.redis).await;
+    let durable_floor = minimal_ingest_rate("minimal-durable-ingest", &small, &ctx.redis).await;
+    let redis_floor = minimal_ingest_rate("minimal-redis-ingest", &small, &ctx.redis).await;
     let mut runs: Vec<(Ingest, Ingest)> = Vec::new();
     for bin in ctx.bins.clone() {
         progress("ingest: embedded, redis");
@@ -1192,6 +1252,26 @@ async fn ingest(ctx: &mut Ctx) {
         Goal::None,
         &vec![(durable_floor, Some(nginx)); runs.len()],
     );
+    ctx.row(
+        "4b. minimal axum server, body XADDed to Redis before the 202 (wrk -c64) vs nginx 202"
+            .into(),
+        Unit::Rate("req"),
+        Goal::None,
+        &vec![(redis_floor, Some(nginx)); runs.len()],
+    );
+    // The hub against the floor of its own store's promise: what of 4b is the hub's work.
+    ctx.row(
+        "4b. ingest, 1-change requests, embedded, vs the fdatasynced floor".into(),
+        Unit::Rate("req"),
+        Goal::None,
+        &pick(&|r| r.0.small, durable_floor),
+    );
+    ctx.row(
+        "4b. ingest, 1-change requests, Redis, vs the XADDed floor".into(),
+        Unit::Rate("req"),
+        Goal::None,
+        &pick(&|r| r.1.small, redis_floor),
+    );
     ctx.report.note(format!(
         "**4. Ingest**: a fresh hub on an empty store for each of (a) and (b) and each store \
          (defaults: `--max-batch 1000 --linger 100ms`; Redis: `--redis` on the bench's private \
@@ -1209,7 +1289,13 @@ async fn ingest(ctx: &mut Ctx) {
          202\" is the floor of a durable answer: the same server, but each body goes to one \
          writer thread that appends every body waiting to a file, `fdatasync`s it once for all \
          of them and only then lets them answer (`BENCH_ROLE=minimal-durable-ingest`); no \
-         parse, no log, no indexes.",
+         parse, no log, no indexes. The row \"body XADDed to Redis before the 202\" is the \
+         floor of an answer on the Redis store's terms: the same server, but one task takes \
+         every body waiting, sends them to the bench's redis-server as one pipeline of `XADD`s \
+         and only then lets them answer (`BENCH_ROLE=minimal-redis-ingest`); no parse, no \
+         script, no indexes. The two rows \"vs the … floor\" give the hub's 1-change rate \
+         against the floor of its own store: the share of the floor's rate that the hub's own \
+         work (token, parse, log, indexes, batcher) leaves.",
         scale(2_000_000),
         s = secs(3),
         w = INGEST_WARM_UP
@@ -2271,10 +2357,14 @@ fn main() {
         let runtime = tokio::runtime::Runtime::new().unwrap();
         match role.as_str() {
             "minimal-websocket" => runtime.block_on(minimal_websocket_server(port)),
-            "minimal-ingest" => runtime.block_on(minimal_ingest_server(port, None)),
+            "minimal-ingest" => runtime.block_on(minimal_ingest_server(port, Floor::Answer)),
             "minimal-durable-ingest" => {
                 let dir = PathBuf::from(std::env::var_os("BENCH_DIR").unwrap());
-                runtime.block_on(minimal_ingest_server(port, Some(dir)))
+                runtime.block_on(minimal_ingest_server(port, Floor::Disk(dir)))
+            }
+            "minimal-redis-ingest" => {
+                let url = std::env::var("BENCH_REDIS").unwrap();
+                runtime.block_on(minimal_ingest_server(port, Floor::Redis(url)))
             }
             other => panic!("unknown BENCH_ROLE {other}"),
         }
