@@ -1010,8 +1010,9 @@ enum Floor {
 /// With [`Floor::Redis`], it answers only once Redis has the body: one task takes every body
 /// waiting, appends them to a stream as one entry with one `XADD` (one command and one round
 /// trip for the group, as the hub's Redis store has one script call per group and keeps a
-/// group's changes in entries of up to 32) and then lets each request answer. The cheapest answer on the Redis
-/// store's terms, with none of the hub's own work: no parse, no script, no indexes.
+/// group's changes in entries of up to 32) and then lets each request answer. The cheapest
+/// answer on the Redis store's terms, with none of the hub's own work: no parse, no script, no
+/// indexes.
 async fn minimal_ingest_server(port: u16, floor: Floor) {
     type Job = (Bytes, tokio::sync::oneshot::Sender<()>);
     type Writer = Arc<dyn Fn(Job) + Send + Sync>;
@@ -1238,39 +1239,34 @@ async fn ingest(ctx: &mut Ctx) {
     for (figure, per_bin, unit, goal) in rows {
         ctx.row(figure.into(), unit, goal, &per_bin);
     }
-    // The same for every binary: a floor, not a figure of the hub.
-    ctx.row(
-        "4b. minimal axum server answering 202 (wrk -c64) vs nginx 202".into(),
-        Unit::Rate("req"),
-        Goal::None,
-        &vec![(axum_floor, Some(nginx)); runs.len()],
-    );
-    ctx.row(
-        "4b. minimal axum server, body fdatasynced before the 202 (wrk -c64) vs nginx 202".into(),
-        Unit::Rate("req"),
-        Goal::None,
-        &vec![(durable_floor, Some(nginx)); runs.len()],
-    );
-    ctx.row(
-        "4b. minimal axum server, body XADDed to Redis before the 202 (wrk -c64) vs nginx 202"
-            .into(),
-        Unit::Rate("req"),
-        Goal::None,
-        &vec![(redis_floor, Some(nginx)); runs.len()],
-    );
-    // The hub against the floor of its own store's promise: what of 4b is the hub's work.
-    ctx.row(
-        "4b. ingest, 1-change requests, embedded, vs the fdatasynced floor".into(),
-        Unit::Rate("req"),
-        Goal::None,
-        &pick(&|r| r.0.small, durable_floor),
-    );
-    ctx.row(
-        "4b. ingest, 1-change requests, Redis, vs the XADDed floor".into(),
-        Unit::Rate("req"),
-        Goal::None,
-        &pick(&|r| r.1.small, redis_floor),
-    );
+    // The floors, the same for every binary, then the hub against the floor of its own store's
+    // promise: what of 4b is the hub's work.
+    let same = |floor: f64| vec![(floor, Some(nginx)); runs.len()];
+    let floors = [
+        (
+            "4b. minimal axum server answering 202 (wrk -c64) vs nginx 202",
+            same(axum_floor),
+        ),
+        (
+            "4b. minimal axum server, body fdatasynced before the 202 (wrk -c64) vs nginx 202",
+            same(durable_floor),
+        ),
+        (
+            "4b. minimal axum server, body XADDed to Redis before the 202 (wrk -c64) vs nginx 202",
+            same(redis_floor),
+        ),
+        (
+            "4b. ingest, 1-change requests, embedded, vs the fdatasynced floor",
+            pick(&|r| r.0.small, durable_floor),
+        ),
+        (
+            "4b. ingest, 1-change requests, Redis, vs the XADDed floor",
+            pick(&|r| r.1.small, redis_floor),
+        ),
+    ];
+    for (figure, per_bin) in floors {
+        ctx.row(figure.into(), Unit::Rate("req"), Goal::None, &per_bin);
+    }
     ctx.report.note(format!(
         "**4. Ingest**: a fresh hub on an empty store for each of (a) and (b) and each store \
          (defaults: `--max-batch 1000 --linger 100ms`; Redis: `--redis` on the bench's private \
