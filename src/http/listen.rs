@@ -11,13 +11,9 @@
 //! Upgraded connections (websockets) leave hyper's timers; their own limits apply (see
 //! `ws.rs`). Shutdown: stop accepting, let requests in flight finish (bounded by the caller).
 
-use axum::extract::ConnectInfo;
-use axum::Router;
-use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
@@ -25,8 +21,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
-use tower::ServiceExt;
 
+use super::App;
 use crate::config::HttpLimits;
 
 /// How long shutdown waits for requests in flight.
@@ -91,7 +87,7 @@ impl Drop for Admitted {
 /// Serves `app` on `listener` until `stop` completes, then lets requests in flight finish.
 pub async fn serve(
     listener: TcpListener,
-    app: Router,
+    app: App,
     limits: HttpLimits,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
@@ -149,19 +145,11 @@ fn serve_connection(
     graceful: &GracefulShutdown,
     stream: TcpStream,
     peer: SocketAddr,
-    app: Router,
+    app: App,
     limits: HttpLimits,
     admitted: Admitted,
 ) {
-    // The client's address goes into each request's extensions, where `ConnectInfo` looks
-    // for it. (`Router::layer` would rebuild every route for each connection: time and memory
-    // per connection, kept as long as the connection is.)
-    let service = app.map_request(move |req: hyper::Request<Incoming>| {
-        let mut req = req.map(axum::body::Body::new);
-        req.extensions_mut().insert(ConnectInfo(peer));
-        req
-    });
-    let service = TowerToHyperService::new(service);
+    let service = hyper::service::service_fn(move |request| app.call(request, peer));
     let mut builder = Builder::new(TokioExecutor::new());
     builder
         .http1()

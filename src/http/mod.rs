@@ -38,6 +38,7 @@ pub use error::ApiError;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{delete, get, post};
 use axum::Router;
+use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 use tokio::net::TcpListener;
@@ -226,6 +227,55 @@ fn panicked(panic: Box<dyn std::any::Any + Send + 'static>) -> axum::response::R
     ))
 }
 
+/// What every connection serves: the [`router`], and one way around it. A push that
+/// [`ingest::direct`] lets through goes straight to its handler, the hub's most frequent
+/// request spared the router and its layers; any other request goes through them.
+#[derive(Clone)]
+pub struct App {
+    router: Router,
+    state: AppState,
+}
+
+/// The answer to a request, from either way.
+pub type AppFuture = futures_util::future::Either<
+    futures_util::future::BoxFuture<'static, Result<axum::response::Response, Infallible>>,
+    tower::util::Oneshot<Router, http::Request<hyper::body::Incoming>>,
+>;
+
+impl App {
+    pub fn new(state: AppState) -> App {
+        App {
+            router: router(state.clone()),
+            state,
+        }
+    }
+
+    /// Answers `request`, from the client at `peer`.
+    pub fn call(
+        &self,
+        mut request: http::Request<hyper::body::Incoming>,
+        peer: std::net::SocketAddr,
+    ) -> AppFuture {
+        use futures_util::FutureExt;
+        use tower::ServiceExt;
+        if let Some(name) = ingest::direct(&request).map(str::to_string) {
+            let pushed = ingest::post_direct(self.state.clone(), name, request);
+            // A panic answered 500 (and logged), as the router's layers answer it.
+            let answered = std::panic::AssertUnwindSafe(pushed)
+                .catch_unwind()
+                .map(|outcome| Ok(outcome.unwrap_or_else(panicked)));
+            return futures_util::future::Either::Left(answered.boxed());
+        }
+        // The client's address goes into the request's extensions, where `ConnectInfo` looks
+        // for it. (`Router::layer` would rebuild every route for each connection: time and
+        // memory per connection, kept as long as the connection is.)
+        request
+            .extensions_mut()
+            .insert(axum::extract::ConnectInfo(peer));
+        futures_util::future::Either::Right(self.router.clone().oneshot(request))
+    }
+}
+
 /// Serves the router on `listener` until `stop` completes, then finishes the requests in
 /// flight and lets every websocket send its close frame.
 pub async fn serve(
@@ -235,7 +285,7 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let websockets = state.connections.clone();
     let limits = state.config.http;
-    let served = listen::serve(listener, router(state), limits, stop).await;
+    let served = listen::serve(listener, App::new(state), limits, stop).await;
     // Upgraded connections are not requests in flight: wait for them to send their close
     // frame (1001) before the hub goes on stopping, and the process exits.
     websockets.tasks.close();
@@ -253,13 +303,19 @@ const WEBSOCKET_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Reads a request body of at most `limit` bytes within `within` (`--body-timeout`): 413
 /// when larger, 408 when too slow.
-pub async fn read_body(
-    body: axum::body::Body,
+pub async fn read_body<B>(
+    body: B,
     limit: usize,
     within: std::time::Duration,
-) -> Result<bytes::Bytes, ApiError> {
-    match tokio::time::timeout(within, axum::body::to_bytes(body, limit)).await {
-        Ok(Ok(bytes)) => Ok(bytes),
+) -> Result<bytes::Bytes, ApiError>
+where
+    B: http_body::Body<Data = bytes::Bytes>,
+    B::Error: Into<axum::BoxError>,
+{
+    use http_body_util::BodyExt;
+    let read = http_body_util::Limited::new(body, limit).collect();
+    match tokio::time::timeout(within, read).await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
         Ok(Err(_)) => Err(ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             format!("the body is larger than {limit} bytes, or was cut off"),

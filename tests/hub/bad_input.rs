@@ -245,36 +245,33 @@ async fn bad_ingest_requests_are_refused_and_store_nothing() {
             ..case("unknown channel", GOOD, 404, "no channel")
         },
     ];
-    for c in &cases {
+    // Each case both ways a push can take: straight to its handler (a plain body), and
+    // through the router and its layers (any `Content-Encoding`, here `identity`).
+    for (c, routed) in cases.iter().flat_map(|c| [(c, false), (c, true)]) {
+        let name = format!("{}{}", c.name, if routed { " (routed)" } else { "" });
         let mut req = hub
             .client
             .post(format!("{}/channels/{}/changes", hub.url, c.channel))
             .header("content-type", c.content_type)
             .body(c.body.clone());
+        if routed {
+            req = req.header("content-encoding", "identity");
+        }
         if let Some(t) = c.token {
             req = req.bearer_auth(t);
         }
         let resp = req.send().await.unwrap();
-        assert_eq!(resp.status().as_u16(), c.status, "{}", c.name);
-        let json: serde_json::Value = resp
-            .json()
-            .await
-            .unwrap_or_else(|e| panic!("{}: {e}", c.name));
+        assert_eq!(resp.status().as_u16(), c.status, "{name}");
+        let json: serde_json::Value = resp.json().await.unwrap_or_else(|e| panic!("{name}: {e}"));
         let reason = json["error"]
             .as_str()
-            .unwrap_or_else(|| panic!("{}: no reason", c.name));
+            .unwrap_or_else(|| panic!("{name}: no reason"));
         assert!(
             reason.contains(c.reason),
-            "{}: reason {reason:?} lacks {:?}",
-            c.name,
+            "{name}: reason {reason:?} lacks {:?}",
             c.reason
         );
-        assert_eq!(
-            json["index"].as_u64(),
-            c.index,
-            "{}: index in {json}",
-            c.name
-        );
+        assert_eq!(json["index"].as_u64(), c.index, "{name}: index in {json}");
     }
     assert!(hub.catch_up(0).await.is_empty(), "nothing was stored");
 
@@ -581,6 +578,54 @@ async fn encoded_bodies_are_decoded_or_refused() {
         1,
         "only the good one is stored"
     );
+}
+
+/// Pushes that the hub's direct way leaves to the router (a channel name with a `%` in its
+/// path, a body with a `Content-Encoding`) land as any other: the name is decoded, the seqs
+/// follow on from the direct ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pushes_through_the_router_land_as_direct_ones_do() {
+    let hub = TestHub::start(|_| {}).await;
+    let encoded: String = CHANNEL.bytes().map(|b| format!("%{b:02X}")).collect();
+    let change = |n: u32| format!(r#"{{"loc": "http://example.com/{n}", "change": "created"}}"#);
+    let mut answers = Vec::new();
+    for (n, (channel, encoding)) in [
+        (CHANNEL, None),
+        (encoded.as_str(), None),
+        (CHANNEL, Some("identity")),
+        (encoded.as_str(), Some("identity")),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut req = hub
+            .client
+            .post(format!("{}/channels/{channel}/changes", hub.url))
+            .bearer_auth(TOKEN)
+            .header("content-type", "application/json")
+            .body(change(n as u32));
+        if let Some(encoding) = encoding {
+            req = req.header("content-encoding", encoding);
+        }
+        let resp = req.send().await.unwrap();
+        assert_eq!(
+            resp.status(),
+            StatusCode::ACCEPTED,
+            "{channel} {encoding:?}"
+        );
+        answers.push(resp.json::<serde_json::Value>().await.unwrap());
+    }
+    let firsts: Vec<_> = answers.iter().map(|a| a["first"].as_u64()).collect();
+    assert_eq!(firsts, [Some(1), Some(2), Some(3), Some(4)]);
+    let body = hub
+        .text(&format!("/channels/{CHANNEL}/changes?after=0"))
+        .await;
+    for n in 0..4 {
+        assert!(
+            body.contains(&format!("http://example.com/{n}<")),
+            "{n} in {body}"
+        );
+    }
 }
 
 /// A body that trickles in is cut off with 408 after `--body-timeout`, and nothing of it is
