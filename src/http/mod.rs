@@ -258,8 +258,8 @@ impl App {
     ) -> AppFuture {
         use futures_util::FutureExt;
         use tower::ServiceExt;
-        if let Some(name) = ingest::direct(&request).map(str::to_string) {
-            let pushed = ingest::post_direct(self.state.clone(), name, request);
+        if ingest::direct(&request) {
+            let pushed = ingest::post_direct(self.state.clone(), request);
             // A panic answered 500 (and logged), as the router's layers answer it.
             let answered = std::panic::AssertUnwindSafe(pushed)
                 .catch_unwind()
