@@ -14,7 +14,7 @@ use bytes::Bytes;
 use super::{ApiError, AppState};
 use crate::ingest::{self, Format, IngestError, MAX_IDEMPOTENCY_KEY};
 
-/// `POST /channels/{name}/changes`, as routed (by the router).
+/// `POST /channels/{name}/changes` through the router (the way around it: [`direct`]).
 pub async fn post_changes(
     State(state): State<AppState>,
     Path(name): Path<String>,
@@ -58,8 +58,7 @@ pub(super) async fn post_direct(
     let (head, body) = request.into_parts();
     // (The name borrowed from the head: no copy of it.)
     let Some(name) = plain_name(head.uri.path()) else {
-        return ApiError::not_found("no such endpoint (the endpoints: docs/http.md)")
-            .into_response();
+        return super::no_such_endpoint().await.into_response();
     };
     push(&state, name, &head, body).await.into_response()
 }

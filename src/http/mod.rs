@@ -231,19 +231,19 @@ fn panicked(panic: Box<dyn std::any::Any + Send + 'static>) -> axum::response::R
 /// [`ingest::direct`] lets through goes straight to its handler, the hub's most frequent
 /// request spared the router and its layers; any other request goes through them.
 #[derive(Clone)]
-pub struct App {
+pub(crate) struct App {
     router: Router,
     state: AppState,
 }
 
 /// The answer to a request, from either way.
-pub type AppFuture = futures_util::future::Either<
+pub(crate) type AppFuture = futures_util::future::Either<
     futures_util::future::BoxFuture<'static, Result<axum::response::Response, Infallible>>,
     tower::util::Oneshot<Router, http::Request<hyper::body::Incoming>>,
 >;
 
 impl App {
-    pub fn new(state: AppState) -> App {
+    pub(crate) fn new(state: AppState) -> App {
         App {
             router: router(state.clone()),
             state,
@@ -251,7 +251,7 @@ impl App {
     }
 
     /// Answers `request`, from the client at `peer`.
-    pub fn call(
+    pub(crate) fn call(
         &self,
         mut request: http::Request<hyper::body::Incoming>,
         peer: std::net::SocketAddr,
@@ -276,7 +276,7 @@ impl App {
     }
 }
 
-/// Serves the router on `listener` until `stop` completes, then finishes the requests in
+/// Serves [`App`] (the router and the way around it) on `listener` until `stop` completes, then finishes the requests in
 /// flight and lets every websocket send its close frame.
 pub async fn serve(
     listener: TcpListener,
