@@ -276,8 +276,9 @@ impl App {
     }
 }
 
-/// Serves [`App`] (the router and the way around it) on `listener` until `stop` completes, then finishes the requests in
-/// flight and lets every websocket send its close frame.
+/// Serves the hub's `App` (the router and the way around it) on `listener` until `stop`
+/// completes, then finishes the requests in flight and lets every websocket send its close
+/// frame.
 pub async fn serve(
     listener: TcpListener,
     state: AppState,
