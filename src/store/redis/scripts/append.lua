@@ -9,16 +9,13 @@
 --       (its datetime key, 23 digits, then its JSON), then the loc of each, in the same order
 --       (or no locs at all: see below); last, an epoch for the channel, taken when it has
 --       none yet
--- Returns three strings: the requests' numbers, five per request and all separated by spaces,
--- in order: status (0 appended, 1 replayed: the key was seen with the same fingerprint, 2
--- conflict: with another one), accepted, first and last seq, and 1 when every entry of the
--- request was stored as sent (no datetime raised, no conflicts count added; 0 otherwise);
--- then the channel's epoch; then, separated by commas, per request the channel's latest
--- datetime key before it ('' for none), which its entries' datetime keys were raised to at
--- least. (Three values however many requests: the hub's Redis client parses a reply value by
--- value, and one value per number cost it more than the rest of reading the answer.) The hub
--- keeps the changes stored as sent, with that epoch, to read them back without the log
--- (recent.rs), and the entries for the fold (fold.rs).
+-- Returns 5 numbers per request, in order: status (0 appended, 1 replayed: the key was seen
+-- with the same fingerprint, 2 conflict: with another one), accepted, first and last seq, and
+-- 1 when every entry of the request was stored as sent (no datetime raised, no conflicts
+-- count added; 0 otherwise); then the channel's epoch; then, per request, the channel's
+-- latest datetime key before it ('' for none), which its entries' datetime keys were raised
+-- to at least. The hub keeps the changes stored as sent, with that epoch, to read them back
+-- without the log (recent.rs), and the entries for the fold (fold.rs).
 -- Deferred or inline: the resource index (`res`, `res-seq`) and the FeedSync items (`sx`,
 -- `sx-conflicts`) reflect the log up to the meta's `folded` (all of it when there is no
 -- `folded`: an older hub wrote them with every append). A plain append while no item carries
@@ -98,7 +95,7 @@ local function seen(key, fp, now)
   return {1, tonumber(accepted), tonumber(first), tonumber(last)}
 end
 
-local out = {}
+local out, answered = {}, 0
 local floors = {}
 local done = 0 -- changes of the requests before this one
 for j = 0, r - 1 do
@@ -162,10 +159,13 @@ for j = 0, r - 1 do
       redis.call('HSET', KEYS[3], key, string.format('%d %d %d %d ', now, first, last, n) .. fp)
       redis.call('ZADD', KEYS[4], now, key)
     end
-    out[j + 1] = format('%d %d %d %d %d', 0, n, first, last, sent)
+    out[answered + 1], out[answered + 2], out[answered + 3], out[answered + 4] = 0, n, first, last
+    out[answered + 5] = sent
   else
-    out[j + 1] = format('%d %d %d %d 0', outcome[1], outcome[2], outcome[3], outcome[4])
+    for k = 1, 4 do out[answered + k] = outcome[k] end
+    out[answered + 5] = 0
   end
+  answered = answered + 5
   done = done + n
 end
 flush_chunk()
@@ -186,4 +186,6 @@ if last > before then
   -- One head message per call, with its final seq: listeners only raise their heads to it.
   redis.call('PUBLISH', ARGV[2], string.format('head %s %d', ARGV[3], last))
 end
-return {table.concat(out, ' '), epoch, table.concat(floors, ',')}
+out[answered + 1] = epoch
+for j = 1, r do out[answered + 1 + j] = floors[j] end
+return out
