@@ -92,8 +92,8 @@ pub struct ServeArgs {
     /// Memory for the hub's caches, all together, in MiB (default 256): half for the embedded
     /// store's file, a quarter for rendered Change List entries (`changes?after=` pages, the
     /// topic and closed lists are made of them), an eighth
-    /// for rendered closed Change Lists, an eighth for the recent notifications that delivery
-    /// shares. It bounds the hub's resident memory however long the log grows; more makes
+    /// for rendered topics and closed Change Lists, an eighth for the recent notifications
+    /// that delivery shares. It bounds the hub's resident memory however long the log grows; more makes
     /// reads of older changes faster. With --redis an eighth (of the store's half) holds the
     /// large requests just appended until the batcher has read them.
     #[arg(long, env = "CHANGEHUB_CACHE_SIZE")]
@@ -456,9 +456,9 @@ pub struct Config {
     pub dump_dir: Option<PathBuf>,
     /// The rendered entries of `changes?after=` pages kept.
     pub pages: PagesConfig,
-    /// Most bytes of rendered closed Change Lists kept in memory (an eighth of `--cache-size`;
-    /// kept by the web layer, `http/rendered.rs`).
-    pub closed_lists: usize,
+    /// Most bytes of rendered topics and closed Change Lists kept in memory, gzip forms
+    /// included (an eighth of `--cache-size`; kept by the web layer, `http/rendered.rs`).
+    pub rendered_docs: usize,
     /// Most bytes of recent notifications (bodies and changes) that the channels' feeds keep
     /// for delivery workers to share, all feeds together (an eighth of `--cache-size`; see
     /// [`crate::batcher::RecentBudget`]).
@@ -471,14 +471,14 @@ pub struct Config {
 
 /// How `--cache-size` is shared out among the hub's caches: half to the embedded store's
 /// file, a quarter to the rendered entries of `changes?after=` pages, an eighth each to
-/// rendered closed Change Lists and to the recent notifications delivery workers share. With
-/// Redis a quarter of the store's half holds the changes the batcher reads next; the rest is
-/// not used.
+/// rendered topics and closed Change Lists and to the recent notifications delivery workers
+/// share. With Redis a quarter of the store's half holds the changes the batcher reads next;
+/// the rest is not used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Caches {
     pub store: usize,
     pub pages: usize,
-    pub closed_lists: usize,
+    pub rendered_docs: usize,
     pub recent_notifications: usize,
     pub held_changes: usize,
 }
@@ -491,7 +491,7 @@ impl Caches {
         Caches {
             store: total / 2,
             pages: total / 4,
-            closed_lists: total / 8,
+            rendered_docs: total / 8,
             recent_notifications: total / 8,
             held_changes: total / 8,
         }
@@ -910,7 +910,7 @@ impl ServeArgs {
             dump_defaults,
             dump_dir,
             pages,
-            closed_lists: caches.closed_lists,
+            rendered_docs: caches.rendered_docs,
             recent_notifications: caches.recent_notifications,
             held_changes: caches.held_changes,
             xmpp,
@@ -1128,7 +1128,7 @@ mod tests {
                 StoreConfig::Embedded { cache_size, .. } => cache_size,
                 StoreConfig::Redis { .. } => panic!("not embedded"),
             };
-            let rest = (config.pages.memory, config.closed_lists);
+            let rest = (config.pages.memory, config.rendered_docs);
             (store, rest, config.recent_notifications)
         };
         assert_eq!(
@@ -1161,7 +1161,7 @@ mod tests {
         .resolve()
         .unwrap();
         assert_eq!(
-            (redis.pages.memory, redis.closed_lists),
+            (redis.pages.memory, redis.rendered_docs),
             (16 << 20, 8 << 20)
         );
     }

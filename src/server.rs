@@ -174,7 +174,7 @@ pub async fn run(
         connections: Arc::default(),
         metrics,
         control: hub.control.clone(),
-        rendered: Arc::new(http::rendered::RenderedDocs::new(config.closed_lists)),
+        rendered: Arc::new(http::rendered::RenderedDocs::new(config.rendered_docs)),
         pages: hub.pages.clone(),
         xmpp: hub.xmpp.clone(),
     });

@@ -167,7 +167,7 @@ pub async fn changelist(
                 doc
             }
         };
-        doc.response(&headers)
+        state.rendered.topic_response(&name, &doc, &headers)
     };
     let mut links = net::hub_links(&state.config.urls.hub(), &channel.topic);
     if let Some(uri) = &channel.xmpp_node {
@@ -200,20 +200,20 @@ pub async fn closed_list(
         })?;
     let etag = format!("\"{}-{first}-{last}\"", origin.epoch);
     // Immutable once closed: rendered once, kept while there is room (`http::rendered`).
-    let key = format!("{name}\n{}-{first}-{last}", origin.epoch);
-    let doc = match state.rendered.closed(&key) {
+    let list = format!("{}-{first}-{last}", origin.epoch);
+    let doc = match state.rendered.closed(&name, &list) {
         Some(doc) => doc,
         None => {
             let body = catchup::closed_list(channel.log(&state, origin), first, last).await?;
             let doc = Rendered::new(body);
-            state.rendered.keep_closed(key.clone(), doc.clone());
+            state.rendered.keep_closed(&name, &list, doc.clone());
             doc
         }
     };
     let mut response = if matches(&headers, &etag) {
         StatusCode::NOT_MODIFIED.into_response()
     } else {
-        state.rendered.closed_response(&key, &doc, &headers)
+        state.rendered.closed_response(&name, &list, &doc, &headers)
     };
     set_header(&mut response, http::header::ETAG, &etag);
     set_header(

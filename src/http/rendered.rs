@@ -2,8 +2,9 @@
 //! changes) and recently read closed Change Lists (they never change). Each is rendered once
 //! and, when a client asks for gzip, compressed once; later requests copy bytes.
 //!
-//! Bounds: one topic per channel, and closed lists up to a bound of bytes in all, gzip forms
-//! included (an eighth of `--cache-size`; the oldest dropped first).
+//! Bound: one topic per channel at most, and topics and closed lists together up to a bound
+//! of bytes, gzip forms included (an eighth of `--cache-size`); the document read least
+//! recently goes first.
 
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
@@ -96,127 +97,240 @@ fn gzip(body: &[u8]) -> Option<Bytes> {
     Some(Bytes::from(gz))
 }
 
-/// The rendered documents of every channel (see the module docs).
-pub struct RenderedDocs {
-    /// Channel → (the key it was rendered for, the document).
-    topics: Mutex<HashMap<String, (String, Arc<Rendered>)>>,
-    closed: Mutex<ClosedLists>,
+/// Which document a [`RenderedDocs`] entry is.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Doc {
+    /// A channel's topic (one per channel: a newer rendering replaces the one before).
+    Topic { channel: String },
+    /// A closed list of a channel; `list` names its epoch and range.
+    Closed { channel: String, list: String },
 }
 
-struct ClosedLists {
-    /// Key → (the document, the bytes counted for it: its body, and its gzip form once made).
-    by_key: HashMap<String, (Arc<Rendered>, usize)>,
-    /// Keys, oldest first.
-    order: VecDeque<String>,
+impl Doc {
+    fn channel(&self) -> &str {
+        match self {
+            Doc::Topic { channel } | Doc::Closed { channel, .. } => channel,
+        }
+    }
+}
+
+/// A document kept.
+struct Entry {
+    doc: Arc<Rendered>,
+    /// For a topic: the key it was rendered for (its entity tag and epoch).
+    tag: String,
+    /// The bytes counted for it: its body, and its gzip form once made.
+    counted: usize,
+    /// Its latest place in [`Kept::order`].
+    stamp: u64,
+}
+
+/// The documents kept, within one bound of bytes.
+struct Kept {
+    by_doc: HashMap<Doc, Entry>,
+    /// Documents as they were kept or last read, least recently first, with the stamp each
+    /// had then: an entry read, replaced or forgotten since leaves its old place here,
+    /// skipped when it comes up.
+    order: VecDeque<(Doc, u64)>,
+    next_stamp: u64,
     bytes: usize,
     bound: usize,
 }
 
-impl ClosedLists {
-    /// Drops the oldest lists until the rest fit the bound.
+impl Kept {
+    /// The document kept as `doc`, if `tag` is what it was kept for; it becomes the newest
+    /// (the least recently read goes first).
+    fn get(&mut self, doc: &Doc, tag: &str) -> Option<Arc<Rendered>> {
+        let stamp = self.next_stamp;
+        let entry = self.by_doc.get_mut(doc).filter(|e| e.tag == tag)?;
+        entry.stamp = stamp;
+        let rendered = entry.doc.clone();
+        self.next_stamp += 1;
+        self.order.push_back((doc.clone(), stamp));
+        self.compact();
+        Some(rendered)
+    }
+
+    /// Drops the places left by entries read, replaced or forgotten since, once they
+    /// outnumber the entries kept.
+    fn compact(&mut self) {
+        if self.order.len() > 2 * self.by_doc.len() + 16 {
+            let by_doc = &self.by_doc;
+            self.order
+                .retain(|(doc, stamp)| by_doc.get(doc).is_some_and(|e| e.stamp == *stamp));
+        }
+    }
+
+    fn remove(&mut self, doc: &Doc) {
+        if let Some(old) = self.by_doc.remove(doc) {
+            self.bytes -= old.counted;
+        }
+    }
+
+    /// Keeps `rendered` as `doc` (in place of what `doc` held), newest of all.
+    fn keep(&mut self, doc: Doc, tag: String, rendered: Arc<Rendered>) {
+        self.remove(&doc);
+        let counted = rendered.size();
+        if counted > self.bound {
+            return;
+        }
+        let stamp = self.next_stamp;
+        self.next_stamp += 1;
+        self.bytes += counted;
+        self.order.push_back((doc.clone(), stamp));
+        let entry = Entry {
+            doc: rendered,
+            tag,
+            counted,
+            stamp,
+        };
+        self.by_doc.insert(doc, entry);
+        self.shrink();
+        self.compact();
+    }
+
+    /// Drops the oldest documents until the rest fit the bound.
     fn shrink(&mut self) {
         while self.bytes > self.bound {
-            let Some(oldest) = self.order.pop_front() else {
+            let Some((oldest, stamp)) = self.order.pop_front() else {
                 break;
             };
-            if let Some((_, counted)) = self.by_key.remove(&oldest) {
-                self.bytes -= counted;
+            if self.by_doc.get(&oldest).is_some_and(|e| e.stamp == stamp) {
+                self.remove(&oldest);
             }
+        }
+    }
+
+    /// `doc` now holds `size` bytes (its gzip form was made), if `rendered` is still what
+    /// is kept as `doc`.
+    fn recount(&mut self, doc: &Doc, rendered: &Arc<Rendered>, size: usize) {
+        let Some(entry) = self.by_doc.get_mut(doc) else {
+            return;
+        };
+        if Arc::ptr_eq(&entry.doc, rendered) && size != entry.counted {
+            self.bytes = self.bytes - entry.counted + size;
+            entry.counted = size;
+            self.shrink();
         }
     }
 }
 
+/// The rendered documents of every channel (see the module docs): topics and closed lists,
+/// within one bound of bytes for all of them, gzip forms included.
+pub struct RenderedDocs {
+    kept: Mutex<Kept>,
+}
+
 impl RenderedDocs {
-    /// Keeps closed lists up to `closed_bytes` in all, their gzip forms included.
-    pub fn new(closed_bytes: usize) -> RenderedDocs {
+    /// Keeps topics and closed lists up to `bytes` in all, their gzip forms included.
+    pub fn new(bytes: usize) -> RenderedDocs {
         RenderedDocs {
-            topics: Mutex::default(),
-            closed: Mutex::new(ClosedLists {
-                by_key: HashMap::new(),
+            kept: Mutex::new(Kept {
+                by_doc: HashMap::new(),
                 order: VecDeque::new(),
+                next_stamp: 0,
                 bytes: 0,
-                bound: closed_bytes,
+                bound: bytes,
             }),
         }
     }
 
+    fn kept(&self) -> std::sync::MutexGuard<'_, Kept> {
+        self.kept.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// `channel`'s topic if it was rendered for `key` (its entity tag and epoch).
     pub fn topic(&self, channel: &str, key: &str) -> Option<Arc<Rendered>> {
-        let topics = self.topics.lock().unwrap_or_else(|e| e.into_inner());
-        topics
-            .get(channel)
-            .filter(|(k, _)| k == key)
-            .map(|(_, doc)| doc.clone())
+        let doc = Doc::Topic {
+            channel: channel.to_string(),
+        };
+        self.kept().get(&doc, key)
     }
 
+    /// Keeps `doc` as `channel`'s topic for `key`, in place of the one before.
     pub fn keep_topic(&self, channel: &str, key: String, doc: Arc<Rendered>) {
-        let mut topics = self.topics.lock().unwrap_or_else(|e| e.into_inner());
-        topics.insert(channel.to_string(), (key, doc));
+        let slot = Doc::Topic {
+            channel: channel.to_string(),
+        };
+        self.kept().keep(slot, key, doc);
     }
 
-    /// A closed list rendered before (`key` names its channel, epoch and range).
-    pub fn closed(&self, key: &str) -> Option<Arc<Rendered>> {
-        let closed = self.closed.lock().unwrap_or_else(|e| e.into_inner());
-        closed.by_key.get(key).map(|(doc, _)| doc.clone())
+    /// The response of `channel`'s topic `doc` (see [`Rendered::response`]); when it made
+    /// the topic's gzip form, the bound counts that from then on.
+    pub fn topic_response(
+        &self,
+        channel: &str,
+        doc: &Arc<Rendered>,
+        request: &HeaderMap,
+    ) -> Response {
+        let slot = Doc::Topic {
+            channel: channel.to_string(),
+        };
+        self.response(&slot, doc, request)
     }
 
-    pub fn keep_closed(&self, key: String, doc: Arc<Rendered>) {
-        let mut closed = self.closed.lock().unwrap_or_else(|e| e.into_inner());
-        let size = doc.size();
-        if closed.by_key.contains_key(&key) || size > closed.bound {
-            return;
+    /// Closed list `list` (its epoch and range) of `channel`, if rendered before.
+    pub fn closed(&self, channel: &str, list: &str) -> Option<Arc<Rendered>> {
+        self.kept().get(&closed_doc(channel, list), "")
+    }
+
+    pub fn keep_closed(&self, channel: &str, list: &str, doc: Arc<Rendered>) {
+        let slot = closed_doc(channel, list);
+        let mut kept = self.kept();
+        // A closed list never changes: a second rendering (two requests at once) is the same.
+        if !kept.by_doc.contains_key(&slot) {
+            kept.keep(slot, String::new(), doc);
         }
-        closed.bytes += size;
-        closed.order.push_back(key.clone());
-        closed.by_key.insert(key, (doc, size));
-        closed.shrink();
     }
 
-    /// The response of closed list `doc` kept as `key` (see [`Rendered::response`]). When
-    /// the response made the list's gzip form, the bound counts it from then on.
-    pub fn closed_response(&self, key: &str, doc: &Arc<Rendered>, request: &HeaderMap) -> Response {
+    /// The response of closed list `doc` (see [`Rendered::response`]); when it made the
+    /// list's gzip form, the bound counts that from then on.
+    pub fn closed_response(
+        &self,
+        channel: &str,
+        list: &str,
+        doc: &Arc<Rendered>,
+        request: &HeaderMap,
+    ) -> Response {
+        self.response(&closed_doc(channel, list), doc, request)
+    }
+
+    fn response(&self, slot: &Doc, doc: &Arc<Rendered>, request: &HeaderMap) -> Response {
         let before = doc.size();
         let response = doc.response(request);
         let size = doc.size();
         // Only the response that made the gzip form sees the size change (it was absent
         // before that response began), so only it takes the lock again.
         if size != before {
-            let mut closed = self.closed.lock().unwrap_or_else(|e| e.into_inner());
-            let ClosedLists { by_key, bytes, .. } = &mut *closed;
-            if let Some((kept, counted)) = by_key.get_mut(key) {
-                if Arc::ptr_eq(kept, doc) && size != *counted {
-                    *bytes = *bytes - *counted + size;
-                    *counted = size;
-                    closed.shrink();
-                }
-            }
+            self.kept().recount(slot, doc, size);
         }
         response
     }
 
     /// Forgets a channel's documents (it was deleted; a new channel of that name starts anew).
     pub fn forget(&self, channel: &str) {
-        self.topics
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(channel);
-        let prefix = format!("{channel}\n");
-        let mut closed = self.closed.lock().unwrap_or_else(|e| e.into_inner());
-        let ClosedLists {
-            by_key,
-            order,
-            bytes,
-            ..
-        } = &mut *closed;
-        order.retain(|k| {
-            let gone = k.starts_with(&prefix);
+        let mut kept = self.kept();
+        let Kept { by_doc, bytes, .. } = &mut *kept;
+        by_doc.retain(|doc, entry| {
+            let gone = doc.channel() == channel;
             if gone {
-                if let Some((_, counted)) = by_key.remove(k) {
-                    *bytes -= counted;
-                }
+                *bytes -= entry.counted;
             }
             !gone
         });
+    }
+
+    /// The bytes counted for the documents kept.
+    #[cfg(test)]
+    fn bytes(&self) -> usize {
+        self.kept().bytes
+    }
+}
+
+fn closed_doc(channel: &str, list: &str) -> Doc {
+    Doc::Closed {
+        channel: channel.to_string(),
+        list: list.to_string(),
     }
 }
 
@@ -292,52 +406,130 @@ mod tests {
     }
 
     #[test]
-    fn closed_lists_stay_within_their_bound_oldest_dropped_first() {
+    fn closed_lists_stay_within_their_bound_least_recently_read_dropped_first() {
         let bound = 64 << 20;
         let docs = RenderedDocs::new(bound);
         let size = bound / 3;
-        for k in 0..4 {
-            docs.keep_closed(format!("c\n{k}"), Rendered::new(vec![b'x'; size]));
+        for k in 0..3 {
+            docs.keep_closed("c", &k.to_string(), Rendered::new(vec![b'x'; size]));
         }
-        assert!(docs.closed("c\n0").is_none(), "the oldest went");
-        assert!(docs.closed("c\n3").is_some());
+        assert!(docs.closed("c", "0").is_some(), "read: now the newest");
+        docs.keep_closed("c", "3", Rendered::new(vec![b'x'; size]));
+        assert!(
+            docs.closed("c", "1").is_none(),
+            "the least recently read went"
+        );
+        assert!(["0", "2", "3"]
+            .iter()
+            .all(|k| docs.closed("c", k).is_some()));
+        assert_eq!(docs.bytes(), 3 * size);
         docs.keep_topic("c", "k1".into(), Rendered::new(vec![]));
         assert!(docs.topic("c", "k1").is_some());
         assert!(docs.topic("c", "k2").is_none(), "another key is a miss");
+        assert!(
+            docs.closed("d", "3").is_none(),
+            "another channel's list is a miss"
+        );
         docs.forget("c");
-        assert!(docs.closed("c\n3").is_none() && docs.topic("c", "k1").is_none());
+        assert!(docs.closed("c", "3").is_none() && docs.topic("c", "k1").is_none());
+        assert_eq!(docs.bytes(), 0);
     }
 
+    /// A topic counts toward the same bound as the closed lists, replaces the channel's topic
+    /// before it (whose bytes no longer count), and its gzip form counts once made.
     #[test]
-    fn a_closed_lists_gzip_form_counts_toward_the_bound_from_when_it_is_made() {
-        // Bytes gzip cannot shrink (xorshift), so each form is about as long as the body.
+    fn topics_count_toward_the_bound_one_per_channel() {
+        let docs = RenderedDocs::new(3000);
+        docs.keep_closed("c", "a", Rendered::new(vec![b'x'; 1000]));
+        docs.keep_closed("c", "b", Rendered::new(vec![b'x'; 1000]));
+        docs.keep_topic("c", "t1".into(), Rendered::new(vec![b'x'; 900]));
+        assert_eq!(docs.bytes(), 2900);
+        docs.keep_topic("c", "t2".into(), Rendered::new(vec![b'x'; 950]));
+        assert_eq!(docs.bytes(), 2950, "the topic before no longer counts");
+        assert!(docs.topic("c", "t1").is_none() && docs.topic("c", "t2").is_some());
+        assert!(docs.closed("c", "a").is_some(), "all still fit");
+        docs.keep_topic("d", "t".into(), Rendered::new(vec![b'x'; 900]));
+        assert!(
+            docs.closed("c", "b").is_none(),
+            "another channel's topic took the room of the list read least recently"
+        );
+        assert_eq!(docs.bytes(), 2850);
+        // A topic's gzip form counts too (noise that gzip cannot shrink).
+        let topic = Rendered::new(noise(1200));
+        docs.keep_topic("c", "t3".into(), topic.clone());
+        assert!(
+            docs.closed("c", "a").is_none(),
+            "the larger topic took a's room"
+        );
+        assert_eq!(docs.bytes(), 900 + 1200);
+        let zipped = docs.topic_response("c", &topic, &accepting("gzip"));
+        assert_eq!(zipped.headers()[header::CONTENT_ENCODING], "gzip");
+        assert!(docs.topic("c", "t3").is_some());
+        assert!(
+            docs.topic("d", "t").is_none(),
+            "the gzip form took d's topic's room"
+        );
+        assert_eq!(docs.bytes(), topic.size());
+        assert!(topic.size() > 2 * 1200 && topic.size() <= 3000);
+        // A document larger than the bound is not kept, and leaves nothing counted.
+        docs.keep_topic("c", "big".into(), Rendered::new(vec![b'x'; 4000]));
+        assert!(docs.topic("c", "big").is_none() && docs.topic("c", "t3").is_none());
+        assert_eq!(docs.bytes(), 0);
+    }
+
+    /// Reads and replacements leave places in the order behind; they are dropped, so the
+    /// order stays within a few times the entries kept.
+    #[test]
+    fn the_order_stays_near_the_entries_kept() {
+        let docs = RenderedDocs::new(1 << 20);
+        for k in 0..10_000 {
+            docs.keep_topic("c", k.to_string(), Rendered::new(vec![b'x'; 10]));
+            assert!(docs.topic("c", &k.to_string()).is_some());
+        }
+        let kept = docs.kept();
+        assert_eq!(kept.by_doc.len(), 1);
+        assert!(
+            kept.order.len() <= 2 * kept.by_doc.len() + 17,
+            "{}",
+            kept.order.len()
+        );
+        assert_eq!(kept.bytes, 10);
+    }
+
+    fn noise(n: usize) -> Vec<u8> {
         let mut x = 0x9e37_79b9_7f4a_7c15_u64;
-        let noise: Vec<u8> = (0..1200)
+        (0..n)
             .map(|_| {
                 x ^= x << 13;
                 x ^= x >> 7;
                 x ^= x << 17;
                 x as u8
             })
-            .collect();
+            .collect()
+    }
+
+    #[test]
+    fn a_closed_lists_gzip_form_counts_toward_the_bound_from_when_it_is_made() {
+        // Bytes gzip cannot shrink, so each form is about as long as the body.
+        let noise = noise(1200);
         let docs = RenderedDocs::new(3000);
         let (a, b) = (Rendered::new(noise.clone()), Rendered::new(noise));
-        docs.keep_closed("c\na".into(), a.clone());
-        docs.keep_closed("c\nb".into(), b.clone());
-        let plain = docs.closed_response("c\nb", &b, &HeaderMap::new());
+        docs.keep_closed("c", "a", a.clone());
+        docs.keep_closed("c", "b", b.clone());
+        let plain = docs.closed_response("c", "b", &b, &HeaderMap::new());
         assert!(plain.headers().get(header::CONTENT_ENCODING).is_none());
-        assert!(docs.closed("c\na").is_some(), "2,400 bytes fit in 3,000");
-        let zipped = docs.closed_response("c\nb", &b, &accepting("gzip"));
+        assert_eq!(docs.bytes(), 2400, "2,400 bytes fit in 3,000");
+        let zipped = docs.closed_response("c", "b", &b, &accepting("gzip"));
         assert_eq!(zipped.headers()[header::CONTENT_ENCODING], "gzip");
         assert!(
-            docs.closed("c\na").is_none() && docs.closed("c\nb").is_some(),
+            docs.closed("c", "a").is_none() && docs.closed("c", "b").is_some(),
             "b's gzip form took the room: the oldest went"
         );
-        let counted = docs.closed.lock().unwrap().bytes;
+        let counted = docs.bytes();
         assert_eq!(counted, b.size());
         assert!(counted > 2 * 1200, "{counted}");
         docs.forget("c");
-        assert_eq!(docs.closed.lock().unwrap().bytes, 0);
+        assert_eq!(docs.bytes(), 0);
     }
 
     /// A body of pieces gives them back in order, skips empty ones, and knows its length.
