@@ -222,7 +222,7 @@ impl Kept {
         self.compact();
     }
 
-    /// Drops the oldest documents until the rest fit the bound.
+    /// Drops the documents read least recently until the rest fit the bound.
     fn shrink(&mut self) {
         while self.bytes > self.bound {
             let Some((oldest, stamp)) = self.order.pop_front() else {
