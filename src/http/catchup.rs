@@ -162,9 +162,7 @@ pub async fn changelist(
         let doc = match state.rendered.topic(&name, &key) {
             Some(doc) => doc,
             None => {
-                let body = catchup::changelist(log).await?;
-                rendered::trim_after_render(body.len());
-                let doc = Rendered::new(body);
+                let doc = Rendered::new(catchup::changelist(log).await?);
                 state.rendered.keep_topic(&name, key, doc.clone());
                 doc
             }
@@ -207,7 +205,6 @@ pub async fn closed_list(
         Some(doc) => doc,
         None => {
             let body = catchup::closed_list(channel.log(&state, origin), first, last).await?;
-            rendered::trim_after_render(body.len());
             let doc = Rendered::new(body);
             state.rendered.keep_closed(&name, &list, doc.clone());
             doc

@@ -97,39 +97,6 @@ fn gzip(body: &[u8]) -> Option<Bytes> {
     Some(Bytes::from(gz))
 }
 
-/// A document rendered from this many bytes of entries or more is followed by a trim
-/// ([`trim_after_render`]).
-const TRIM_AFTER: usize = 256 << 10;
-
-/// The least time between two trims [`trim_after_render`] starts.
-const TRIM_GAP: std::time::Duration = std::time::Duration::from_millis(100);
-
-/// Hands the memory a render just freed back to the system soon (`malloc_trim`, on a
-/// blocking thread), when `size`, the document's length, says its parts were large and no
-/// such trim began within [`TRIM_GAP`]. A closed list or topic is put together from its
-/// blocks of rendered entries, read from their files when memory does not hold them: a few
-/// MB that are freed once the document is whole, and that would stay resident until the
-/// periodic trim (`server::TRIM_EVERY`). Whether it started a trim.
-pub fn trim_after_render(size: usize) -> bool {
-    static LAST: Mutex<Option<std::time::Instant>> = Mutex::new(None);
-    if size < TRIM_AFTER {
-        return false;
-    }
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return false;
-    };
-    {
-        let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());
-        let now = std::time::Instant::now();
-        if last.is_some_and(|t| now.duration_since(t) < TRIM_GAP) {
-            return false;
-        }
-        *last = Some(now);
-    }
-    runtime.spawn_blocking(super::ws::trim_heap);
-    true
-}
-
 /// Which document a [`RenderedDocs`] entry is.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum Doc {
@@ -508,18 +475,6 @@ mod tests {
         docs.keep_topic("c", "big".into(), Rendered::new(vec![b'x'; 4000]));
         assert!(docs.topic("c", "big").is_none() && docs.topic("c", "t3").is_none());
         assert_eq!(docs.bytes(), 0);
-    }
-
-    /// A large render is followed by a trim, at most one per gap; a small one by none.
-    #[tokio::test]
-    async fn a_large_render_is_followed_by_one_trim_per_gap() {
-        assert!(!trim_after_render(TRIM_AFTER - 1), "small: no trim");
-        // Another test's trim may have begun within the gap: wait it out.
-        tokio::time::sleep(TRIM_GAP).await;
-        assert!(trim_after_render(TRIM_AFTER));
-        assert!(!trim_after_render(4 << 20), "within the gap: none");
-        tokio::time::sleep(TRIM_GAP).await;
-        assert!(trim_after_render(4 << 20), "after the gap: another");
     }
 
     /// Reads and replacements leave places in the order behind; they are dropped, so the
