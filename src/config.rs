@@ -93,8 +93,8 @@ pub struct ServeArgs {
     /// store's file, a quarter for rendered Change List entries (`changes?after=` pages, the
     /// topic and closed lists are made of them), an eighth
     /// for rendered topics and closed Change Lists, an eighth for the recent notifications
-    /// that delivery shares. It bounds the hub's resident memory however long the log grows; more makes
-    /// reads of older changes faster. With --redis an eighth (of the store's half) holds the
+    /// that delivery shares. It bounds the hub's resident memory however long the log grows;
+    /// more makes reads of older changes faster. With --redis an eighth (of the store's half) holds the
     /// large requests just appended until the batcher has read them.
     #[arg(long, env = "CHANGEHUB_CACHE_SIZE")]
     pub cache_size: Option<usize>,

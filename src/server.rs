@@ -121,8 +121,8 @@ pub const TRIM_EVERY: Duration = Duration::from_millis(250);
 /// (`--cache-size 64`, 10 minutes): RSS at most 169 MiB without, 146 MiB with a trim every
 /// 10 s, hub CPU 45% and 47% of a core. A trim gives back about 18 MiB in that run, and
 /// within 2 s the load has touched about 14 MiB of it again. Sampled every 50 ms, the steady
-/// run's RSS is a saw: each second's reads (a closed list and pages whose blocks come from
-/// their files, evicting others) leave 3–4 MiB freed but resident until the next trim. With a
+/// run's RSS is a saw: each second's reads (a closed list and pages put together from blocks
+/// read from their files) leave 3–4 MiB freed but resident until the next trim. With a
 /// trim every 2 s the half-length run's RSS was 96.5 MiB at the median and at most 105 MiB;
 /// every 250 ms, 92.5 and 99.9 MiB, the hub's CPU the same (26–27% of a core), and 1-change
 /// ingest no slower; hence [`TRIM_EVERY`] of 250 ms.
