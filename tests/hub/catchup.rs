@@ -473,3 +473,62 @@ async fn closed_lists_and_the_topic_are_made_of_the_page_blocks() {
     assert!(before[2].contains("http://example.com/c/499</loc>"));
     assert_eq!(entries(&before[3]), 500);
 }
+
+/// A closed Change List of any range is put together block by block (a part of its first
+/// block, whole blocks, a part of its last): its entries are its changes in order, byte for
+/// byte the entries of a `changes?after=` page of the same range, and its `from` and `until`
+/// are the datetimes of its first and its last change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closed_lists_of_any_range_are_their_blocks_in_order() {
+    let hub = TestHub::start(|_| {}).await;
+    let (_, head) = hub.push("a", 3500).await;
+    hub.wait_published(head).await;
+    let get = |path: String| {
+        let url = format!("{}/channels/{CHANNEL}/{path}", hub.url);
+        let client = hub.client.clone();
+        async move {
+            let resp = client.get(&url).send().await.unwrap();
+            assert_eq!(resp.status(), 200, "{url}");
+            resp.bytes().await.unwrap()
+        }
+    };
+    // The entries of a Change List: from its first `<url>` to its root's end.
+    let entries_of = |doc: &[u8]| {
+        let doc = std::str::from_utf8(doc).unwrap().to_string();
+        let start = doc.find("<url>").expect("an entry");
+        let end = doc.rfind("</urlset>").unwrap();
+        doc[start..end].to_string()
+    };
+    for (first, last) in [
+        (1, 3000),
+        (500, 2300),
+        (1001, 3500),
+        (999, 1001),
+        (1500, 1700),
+        (1000, 1000),
+        (2, 3499),
+    ] {
+        let closed = get(format!("changelist/{first}-{last}.xml")).await;
+        let (header, entries) =
+            changehub::resourcesync::parse_change_list(&closed, &big_limits()).unwrap();
+        let seqs: Vec<u64> = entries.iter().map(|e| e.seq.unwrap()).collect();
+        assert_eq!(seqs, (first..=last).collect::<Vec<_>>(), "{first}-{last}");
+        assert_eq!(header.from, entries[0].change.datetime, "{first}-{last}");
+        assert_eq!(
+            header.until,
+            entries.last().unwrap().change.datetime,
+            "{first}-{last}"
+        );
+        assert_eq!(header.seq_range, Some((first, last)));
+        let page = get(format!(
+            "changes?after={}&limit={}",
+            first - 1,
+            last - first + 1
+        ))
+        .await;
+        assert!(
+            entries_of(&closed) == entries_of(&page),
+            "{first}-{last}: the entries differ from the page's"
+        );
+    }
+}
