@@ -4,7 +4,8 @@
 //!
 //! Bound: one topic per channel at most, and topics and closed lists together up to a bound
 //! of bytes, gzip forms included (an eighth of `--cache-size`); the document read least
-//! recently goes first.
+//! recently goes first. A closed list not kept makes room before it is rendered, by the size
+//! of its channel's last list kept, so that it is not rendered beside a full bound.
 
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
@@ -135,6 +136,8 @@ struct Kept {
     next_stamp: u64,
     bytes: usize,
     bound: usize,
+    /// Per channel, the size of the closed list kept last: the guess of the next one's.
+    closed_sizes: HashMap<String, usize>,
 }
 
 impl Kept {
@@ -191,7 +194,12 @@ impl Kept {
 
     /// Drops the documents read least recently until the rest fit the bound.
     fn shrink(&mut self) {
-        while self.bytes > self.bound {
+        self.shrink_to(self.bound);
+    }
+
+    /// Drops the documents read least recently until the rest fit in `bytes`.
+    fn shrink_to(&mut self, bytes: usize) {
+        while self.bytes > bytes {
             let Some((oldest, stamp)) = self.order.pop_front() else {
                 break;
             };
@@ -231,6 +239,7 @@ impl RenderedDocs {
                 next_stamp: 0,
                 bytes: 0,
                 bound: bytes,
+                closed_sizes: HashMap::new(),
             }),
         }
     }
@@ -274,9 +283,26 @@ impl RenderedDocs {
         self.kept().get(&closed_doc(channel, list), "")
     }
 
+    /// Makes room for a closed list of `channel` about to be rendered (it was a miss): the
+    /// documents read least recently go now, as many as the last list kept for `channel`
+    /// needed, so that the new list is not rendered beside a full bound and made room for
+    /// only when kept. Nothing goes for a channel with no list kept yet.
+    pub fn make_room_for_closed(&self, channel: &str) {
+        let mut kept = self.kept();
+        if let Some(&size) = kept.closed_sizes.get(channel) {
+            let room = kept.bound.saturating_sub(size);
+            kept.shrink_to(room);
+        }
+    }
+
     pub fn keep_closed(&self, channel: &str, list: &str, doc: Arc<Rendered>) {
         let slot = closed_doc(channel, list);
         let mut kept = self.kept();
+        if let Some(size) = kept.closed_sizes.get_mut(channel) {
+            *size = doc.size();
+        } else {
+            kept.closed_sizes.insert(channel.to_string(), doc.size());
+        }
         // A closed list never changes: a second rendering (two requests at once) is the same.
         if !kept.by_doc.contains_key(&slot) {
             kept.keep(slot, String::new(), doc);
@@ -310,6 +336,7 @@ impl RenderedDocs {
     /// Forgets a channel's documents (it was deleted; a new channel of that name starts anew).
     pub fn forget(&self, channel: &str) {
         let mut kept = self.kept();
+        kept.closed_sizes.remove(channel);
         let Kept { by_doc, bytes, .. } = &mut *kept;
         by_doc.retain(|doc, entry| {
             let gone = doc.channel() == channel;
@@ -530,6 +557,36 @@ mod tests {
         assert!(counted > 2 * 1200, "{counted}");
         docs.forget("c");
         assert_eq!(docs.bytes(), 0);
+    }
+
+    /// A miss makes room before the list is rendered, by the size of the channel's last
+    /// list kept; a channel with none kept yet makes none.
+    #[test]
+    fn a_miss_makes_room_for_a_list_as_large_as_the_last() {
+        let docs = RenderedDocs::new(3000);
+        docs.make_room_for_closed("c");
+        docs.keep_closed("c", "a", Rendered::new(vec![b'x'; 1000]));
+        docs.keep_closed("c", "b", Rendered::new(vec![b'x'; 1000]));
+        docs.keep_closed("d", "a", Rendered::new(vec![b'x'; 500]));
+        docs.make_room_for_closed("e");
+        assert_eq!(
+            docs.bytes(),
+            2500,
+            "no list of e kept: no guess, nothing goes"
+        );
+        docs.make_room_for_closed("d");
+        assert_eq!(docs.bytes(), 2500, "500 more fit");
+        docs.make_room_for_closed("c");
+        assert!(
+            docs.closed("c", "a").is_none(),
+            "the least recently read went"
+        );
+        assert_eq!(docs.bytes(), 1500, "room for 1,000 more");
+        docs.keep_closed("c", "c", Rendered::new(vec![b'x'; 1000]));
+        assert_eq!(docs.bytes(), 2500, "it fit without anything else going");
+        docs.forget("c");
+        docs.make_room_for_closed("c");
+        assert_eq!(docs.bytes(), 500, "forgotten: no guess for c any more");
     }
 
     /// A body of pieces gives them back in order, skips empty ones, and knows its length.
