@@ -204,8 +204,15 @@ pub fn change_list_links(urls: &Urls, channel: &str) -> Vec<DocLink> {
 /// A closed Change List: the changes `first..=last`, all of them at or before the newest seq,
 /// so its bytes never change (`from` and `until` are the datetimes of its first and last
 /// change). The archive lists the closed lists of [`Lists`]; any other range of at most
-/// [`MAX_LIST`] closed changes is served the same way.
-pub async fn closed_list(log: Log<'_>, first: u64, last: u64) -> Result<Vec<u8>, CatchupError> {
+/// [`MAX_LIST`] closed changes is served the same way. `before_render` runs once the range
+/// is known to be a retained closed list, before its bytes are put together (a cache makes
+/// room there, so that a request for a range that is not one changes nothing).
+pub async fn closed_list(
+    log: Log<'_>,
+    first: u64,
+    last: u64,
+    before_render: impl FnOnce(),
+) -> Result<Vec<u8>, CatchupError> {
     let Log { store, channel, .. } = log;
     if first == 0 || last < first || last - first >= MAX_LIST as u64 {
         return Err(CatchupError::NotFound(format!(
@@ -227,6 +234,7 @@ pub async fn closed_list(log: Log<'_>, first: u64, last: u64) -> Result<Vec<u8>,
     if first < head.oldest {
         return Err(gone);
     }
+    before_render();
     let Some(parts) = entries(log, &head, first, last).await? else {
         return Err(gone); // trimmed meanwhile
     };

@@ -204,8 +204,9 @@ pub async fn closed_list(
     let doc = match state.rendered.closed(&name, &list) {
         Some(doc) => doc,
         None => {
-            state.rendered.make_room_for_closed(&name);
-            let body = catchup::closed_list(channel.log(&state, origin), first, last).await?;
+            let log = channel.log(&state, origin);
+            let make_room = || state.rendered.make_room_for_closed(&name);
+            let body = catchup::closed_list(log, first, last, make_room).await?;
             let doc = Rendered::new(body);
             state.rendered.keep_closed(&name, &list, doc.clone());
             doc

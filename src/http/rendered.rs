@@ -298,11 +298,7 @@ impl RenderedDocs {
     pub fn keep_closed(&self, channel: &str, list: &str, doc: Arc<Rendered>) {
         let slot = closed_doc(channel, list);
         let mut kept = self.kept();
-        if let Some(size) = kept.closed_sizes.get_mut(channel) {
-            *size = doc.size();
-        } else {
-            kept.closed_sizes.insert(channel.to_string(), doc.size());
-        }
+        kept.closed_sizes.insert(channel.to_string(), doc.size());
         // A closed list never changes: a second rendering (two requests at once) is the same.
         if !kept.by_doc.contains_key(&slot) {
             kept.keep(slot, String::new(), doc);
