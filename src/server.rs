@@ -68,7 +68,9 @@ pub fn open_store(config: &Config) -> Result<Arc<dyn Store>, Error> {
 ///   behind when they go stay resident. 1 MiB keeps the smaller blocks that are read again and
 ///   again (the 1,000-entry page blocks, a few hundred KB) in the arenas. Measured in the
 ///   steady run at `BENCH_SCALE=0.5` (`--cache-size 64`): RSS about 10 MiB lower all along,
-///   at most 118 MiB against 130.
+///   at most 118 MiB against 130. glibc applies the threshold only when no heap has free room
+///   for the block, so the Change Lists of 1 MiB or more get a mapping of their own from the
+///   hub itself ([`crate::catchup::OWN_MAPPING`]).
 /// - **A heap's free top kept until the periodic trim** ([`trim_freed_memory`]). Setting the
 ///   mmap threshold also fixes the threshold at which `free` shrinks a heap at its default,
 ///   128 KiB, where it used to follow the mmap threshold up; a heap could then shrink and

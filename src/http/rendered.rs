@@ -24,14 +24,12 @@ pub struct Rendered {
 }
 
 impl Rendered {
-    /// Keeps `body`. Its spare capacity is given back first: renderers allocate for a
-    /// generous guess of the size, and `Bytes` would keep the whole allocation while the
-    /// bound of the closed lists counts only the length (a closed list of 10,000 changes of the
-    /// benchmark: about 3.5 MB allocated for 2.8 MB written).
-    pub fn new(mut body: Vec<u8>) -> Arc<Rendered> {
-        body.shrink_to_fit();
+    /// Keeps `body`. `Bytes` made from a `Vec` keeps the whole allocation while the bound of
+    /// the closed lists counts only the length, so renderers hand over a buffer of the exact
+    /// size (`catchup::joined`).
+    pub fn new(body: Bytes) -> Arc<Rendered> {
         Arc::new(Rendered {
-            body: Bytes::from(body),
+            body,
             gzip: OnceLock::new(),
         })
     }
@@ -407,7 +405,7 @@ mod tests {
     #[tokio::test]
     async fn gzip_only_when_asked_and_decodes_to_the_same_bytes() {
         let body = b"<urlset>".repeat(500);
-        let doc = Rendered::new(body.clone());
+        let doc = Rendered::new(Bytes::from(body.clone()));
         let plain = doc.response(&HeaderMap::new());
         assert!(plain.headers().get(header::CONTENT_ENCODING).is_none());
         assert_eq!(to_bytes(plain.into_body(), usize::MAX).await.unwrap(), body);
@@ -434,10 +432,14 @@ mod tests {
         let docs = RenderedDocs::new(bound);
         let size = bound / 3;
         for k in 0..3 {
-            docs.keep_closed("c", &k.to_string(), Rendered::new(vec![b'x'; size]));
+            docs.keep_closed(
+                "c",
+                &k.to_string(),
+                Rendered::new(Bytes::from(vec![b'x'; size])),
+            );
         }
         assert!(docs.closed("c", "0").is_some(), "read: now the newest");
-        docs.keep_closed("c", "3", Rendered::new(vec![b'x'; size]));
+        docs.keep_closed("c", "3", Rendered::new(Bytes::from(vec![b'x'; size])));
         assert!(
             docs.closed("c", "1").is_none(),
             "the least recently read went"
@@ -446,7 +448,7 @@ mod tests {
             .iter()
             .all(|k| docs.closed("c", k).is_some()));
         assert_eq!(docs.bytes(), 3 * size);
-        docs.keep_topic("c", "k1".into(), Rendered::new(vec![]));
+        docs.keep_topic("c", "k1".into(), Rendered::new(Bytes::from(vec![])));
         assert!(docs.topic("c", "k1").is_some());
         assert!(docs.topic("c", "k2").is_none(), "another key is a miss");
         assert!(
@@ -463,22 +465,30 @@ mod tests {
     #[test]
     fn topics_count_toward_the_bound_one_per_channel() {
         let docs = RenderedDocs::new(3000);
-        docs.keep_closed("c", "a", Rendered::new(vec![b'x'; 1000]));
-        docs.keep_closed("c", "b", Rendered::new(vec![b'x'; 1000]));
-        docs.keep_topic("c", "t1".into(), Rendered::new(vec![b'x'; 900]));
+        docs.keep_closed("c", "a", Rendered::new(Bytes::from(vec![b'x'; 1000])));
+        docs.keep_closed("c", "b", Rendered::new(Bytes::from(vec![b'x'; 1000])));
+        docs.keep_topic(
+            "c",
+            "t1".into(),
+            Rendered::new(Bytes::from(vec![b'x'; 900])),
+        );
         assert_eq!(docs.bytes(), 2900);
-        docs.keep_topic("c", "t2".into(), Rendered::new(vec![b'x'; 950]));
+        docs.keep_topic(
+            "c",
+            "t2".into(),
+            Rendered::new(Bytes::from(vec![b'x'; 950])),
+        );
         assert_eq!(docs.bytes(), 2950, "the topic before no longer counts");
         assert!(docs.topic("c", "t1").is_none() && docs.topic("c", "t2").is_some());
         assert!(docs.closed("c", "a").is_some(), "all still fit");
-        docs.keep_topic("d", "t".into(), Rendered::new(vec![b'x'; 900]));
+        docs.keep_topic("d", "t".into(), Rendered::new(Bytes::from(vec![b'x'; 900])));
         assert!(
             docs.closed("c", "b").is_none(),
             "another channel's topic took the room of the list read least recently"
         );
         assert_eq!(docs.bytes(), 2850);
         // A topic's gzip form counts too (noise that gzip cannot shrink).
-        let topic = Rendered::new(noise(1200));
+        let topic = Rendered::new(Bytes::from(noise(1200)));
         docs.keep_topic("c", "t3".into(), topic.clone());
         assert!(
             docs.closed("c", "a").is_none(),
@@ -495,7 +505,11 @@ mod tests {
         assert_eq!(docs.bytes(), topic.size());
         assert!(topic.size() > 2 * 1200 && topic.size() <= 3000);
         // A document larger than the bound is not kept, and leaves nothing counted.
-        docs.keep_topic("c", "big".into(), Rendered::new(vec![b'x'; 4000]));
+        docs.keep_topic(
+            "c",
+            "big".into(),
+            Rendered::new(Bytes::from(vec![b'x'; 4000])),
+        );
         assert!(docs.topic("c", "big").is_none() && docs.topic("c", "t3").is_none());
         assert_eq!(docs.bytes(), 0);
     }
@@ -506,7 +520,11 @@ mod tests {
     fn the_order_stays_near_the_entries_kept() {
         let docs = RenderedDocs::new(1 << 20);
         for k in 0..10_000 {
-            docs.keep_topic("c", k.to_string(), Rendered::new(vec![b'x'; 10]));
+            docs.keep_topic(
+                "c",
+                k.to_string(),
+                Rendered::new(Bytes::from(vec![b'x'; 10])),
+            );
             assert!(docs.topic("c", &k.to_string()).is_some());
         }
         let kept = docs.kept();
@@ -536,7 +554,10 @@ mod tests {
         // Bytes gzip cannot shrink, so each form is about as long as the body.
         let noise = noise(1200);
         let docs = RenderedDocs::new(3000);
-        let (a, b) = (Rendered::new(noise.clone()), Rendered::new(noise));
+        let (a, b) = (
+            Rendered::new(Bytes::from(noise.clone())),
+            Rendered::new(Bytes::from(noise)),
+        );
         docs.keep_closed("c", "a", a.clone());
         docs.keep_closed("c", "b", b.clone());
         let plain = docs.closed_response("c", "b", &b, &HeaderMap::new());
@@ -561,9 +582,9 @@ mod tests {
     fn a_miss_makes_room_for_a_list_as_large_as_the_last() {
         let docs = RenderedDocs::new(3000);
         docs.make_room_for_closed("c");
-        docs.keep_closed("c", "a", Rendered::new(vec![b'x'; 1000]));
-        docs.keep_closed("c", "b", Rendered::new(vec![b'x'; 1000]));
-        docs.keep_closed("d", "a", Rendered::new(vec![b'x'; 500]));
+        docs.keep_closed("c", "a", Rendered::new(Bytes::from(vec![b'x'; 1000])));
+        docs.keep_closed("c", "b", Rendered::new(Bytes::from(vec![b'x'; 1000])));
+        docs.keep_closed("d", "a", Rendered::new(Bytes::from(vec![b'x'; 500])));
         docs.make_room_for_closed("e");
         assert_eq!(
             docs.bytes(),
@@ -578,7 +599,7 @@ mod tests {
             "the least recently read went"
         );
         assert_eq!(docs.bytes(), 1500, "room for 1,000 more");
-        docs.keep_closed("c", "c", Rendered::new(vec![b'x'; 1000]));
+        docs.keep_closed("c", "c", Rendered::new(Bytes::from(vec![b'x'; 1000])));
         assert_eq!(docs.bytes(), 2500, "it fit without anything else going");
         docs.forget("c");
         docs.make_room_for_closed("c");
