@@ -206,8 +206,9 @@ fn joined(header: &ChangeListHeader, parts: Vec<pages::Entries>) -> Bytes {
 /// takes the room, and the hole it leaves when it goes often does not fit the next one, a few
 /// bytes longer, so both stay resident until the next trim. A mapping goes back to the
 /// system as soon as the document is dropped. Measured with one closed-list read a second
-/// on a quiet hub (`docs/performance.md`, forty-fifth pass): RSS rises of 2.7 MiB or more
-/// after a read, 4 and 10 in 30 reads from the heap, 1 and 1 from a mapping.
+/// on a quiet hub (`scripts/closed_list_rss.py`, `docs/performance.md`, forty-fifth and
+/// forty-sixth passes): the RSS rise summed over 30 reads 10.8–32.4 MiB with the heap,
+/// 2.5–8.1 MiB with a mapping.
 pub const OWN_MAPPING: usize = 1 << 20;
 
 /// `pieces` (`length` bytes in all) copied into an anonymous mapping made read-only, or

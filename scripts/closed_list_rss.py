@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""How much a closed Change List read on a cache miss leaves resident: the quiet probe of
+docs/performance.md (forty-fifth and forty-sixth passes).
+
+Usage:
+    python3 scripts/closed_list_rss.py target/release/changehub [SEED]
+
+Serves the hub on a free loopback port with `--cache-size 64 --retain-changes 150000` (the
+steady run's settings), pushes 160,000 changes in NDJSON requests of 5,000, waits 3 s, then
+once a second reads a closed list of 10,000 changes picked at random (SEED, default 1) from the
+retained ones, 40 times, sampling the hub's VmRSS every 5 ms. For reads 11 to 40 (the caches
+full by then) it prints the rise from just before each read to the highest sample within its
+second: summed, and those of 2.7 MiB or more. Stops the hub at the end; its data folder is a
+temporary one."""
+import json, random, socket, subprocess, sys, tempfile, threading, time, urllib.request
+
+BIN = sys.argv[1]
+SEED = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+CHANGES, REQUEST, LIST, READS, SKIPPED = 160_000, 5_000, 10_000, 40, 10
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    data = tempfile.TemporaryDirectory()
+    hub = subprocess.Popen(
+        [BIN, "serve", "--listen", f"127.0.0.1:{port}", "--data-dir", data.name + "/data",
+         "--channel", "c=token", "--cache-size", "64", "--retain-changes", "150000",
+         "--max-body", str(64 << 20)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        run(hub, base)
+    finally:
+        hub.terminate()
+        hub.wait()
+
+
+def rss(pid):
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("the hub is gone")
+
+
+def run(hub, base):
+    deadline = time.time() + 30
+    while True:
+        try:
+            urllib.request.urlopen(base + "/channels/c/changelist.xml", timeout=1).read()
+            break
+        except OSError:
+            if time.time() > deadline:
+                raise RuntimeError("the hub did not start within 30 s")
+            time.sleep(0.05)
+    for start in range(0, CHANGES, REQUEST):
+        body = "\n".join(
+            json.dumps({"loc": f"http://example.com/r/{n}", "change": "updated",
+                        "hash": "md5:1e0d5cb8ef6ba40c99b14c0237be735e", "length": 1000 + n % 5000})
+            for n in range(start, start + REQUEST))
+        request = urllib.request.Request(
+            base + "/channels/c/changes", data=body.encode(), method="POST",
+            headers={"Authorization": "Bearer token", "Content-Type": "application/x-ndjson"})
+        urllib.request.urlopen(request, timeout=60).read()
+    time.sleep(3)  # the last batch published, the block files written
+    rnd = random.Random(SEED)
+    retained_lists = (CHANGES - 150_000) // LIST + 1  # the first list still retained
+    rises = []
+    for k in range(READS):
+        first = rnd.randrange(retained_lists, CHANGES // LIST) * LIST + 1
+        url = f"{base}/channels/c/changelist/{first}-{first + LIST - 1}.xml"
+        reader = threading.Thread(target=lambda: urllib.request.urlopen(url, timeout=10).read())
+        before = peak = rss(hub.pid)
+        second = time.time() + 1.0
+        reader.start()
+        while time.time() < second:
+            peak = max(peak, rss(hub.pid))
+            time.sleep(0.005)
+        reader.join()
+        if k >= SKIPPED:
+            rises.append(max(peak - before, 0.0))
+    large = [round(r, 1) for r in rises if r >= 2.7]
+    print(f"seed {SEED}: reads {SKIPPED + 1}-{READS}: summed rise {sum(rises):.1f} MiB; "
+          f"{len(large)} rises of 2.7 MiB or more {large}; RSS at the end {rss(hub.pid):.1f} MiB")
+
+
+main()
