@@ -208,7 +208,7 @@ fn joined(header: &ChangeListHeader, parts: Vec<pages::Entries>) -> Bytes {
 /// system as soon as the document is dropped. Measured with one closed-list read a second
 /// on a quiet hub (`scripts/closed_list_rss.py`, `docs/performance.md`, forty-fifth and
 /// forty-sixth passes): the RSS rise summed over 30 reads 10.8–32.4 MiB with the heap,
-/// 2.5–8.1 MiB with a mapping.
+/// 2.5–8.5 MiB with a mapping.
 pub const OWN_MAPPING: usize = 1 << 20;
 
 /// `pieces` (`length` bytes in all) copied into an anonymous mapping made read-only, or
