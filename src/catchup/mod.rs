@@ -193,11 +193,7 @@ fn joined(header: &ChangeListHeader, parts: Vec<pages::Entries>) -> Bytes {
             return document;
         }
     }
-    let mut document = Vec::with_capacity(length);
-    for piece in &pieces {
-        document.extend_from_slice(piece);
-    }
-    Bytes::from(document)
+    Bytes::from(pieces.concat())
 }
 
 /// Documents of this many bytes or more get a mapping of their own: a closed list of the
@@ -772,9 +768,9 @@ mod tests {
         }
     }
 
-    /// A document of OWN_MAPPING bytes or more is the same bytes as a small one would be, in
-    /// a mapping of its own (page-aligned, which blocks from malloc's heaps are not); a small
-    /// one comes from the heap.
+    /// A document of OWN_MAPPING bytes or more is its pieces byte for byte, in a mapping of
+    /// its own (page-aligned, which blocks from malloc's heaps are not); a small one is its
+    /// pieces too.
     #[test]
     fn a_large_document_is_its_pieces_in_a_mapping_of_its_own() {
         let header = ChangeListHeader {
