@@ -209,8 +209,18 @@ pub const OWN_MAPPING: usize = 1 << 20;
 
 /// `pieces` (`length` bytes in all) copied into an anonymous mapping made read-only, or
 /// None when the system refuses the mapping (the caller then uses the heap).
+///
+/// The mapping is populated (`MAP_POPULATE`): its pages are all made in the one call, not one
+/// page fault at a time while it is filled. A closed list rendered on a cache miss then costs
+/// the hub less CPU than from the heap, not more (`scripts/closed_list_misses.py`,
+/// `docs/performance.md`, forty-seventh pass: 1.42–1.47 ms a read, against 1.62–1.73 from the
+/// heap and 1.77–1.82 unpopulated).
 fn mapped(pieces: &[Bytes], length: usize) -> Option<Bytes> {
-    let mut map = memmap2::MmapMut::map_anon(length).ok()?;
+    let mut map = memmap2::MmapOptions::new()
+        .len(length)
+        .populate()
+        .map_anon()
+        .ok()?;
     let mut at = 0;
     for piece in pieces {
         map[at..at + piece.len()].copy_from_slice(piece);
