@@ -13,7 +13,9 @@ order. Prints the reads per second and the hub's CPU per read (from /proc). Comp
 binaries in alternating runs: the rate moves with the machine, the CPU per read much less.
 Needs wrk (`bash scripts/apt-install.sh wrk`). Stops the hub at the end; its data folder is a
 temporary one."""
-import json, os, socket, subprocess, sys, tempfile, time, urllib.request
+import os, subprocess, sys, urllib.request
+
+import probe_hub
 
 BIN = sys.argv[1]
 CACHE = sys.argv[2] if len(sys.argv) > 2 else "16"
@@ -21,26 +23,9 @@ SECONDS = sys.argv[3] if len(sys.argv) > 3 else "8"
 CHANGES, REQUEST, LIST, LISTS = 160_000, 5_000, 10_000, 15
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main():
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    data = tempfile.TemporaryDirectory()
-    hub = subprocess.Popen(
-        [BIN, "serve", "--listen", f"127.0.0.1:{port}", "--data-dir", data.name + "/data",
-         "--channel", "c=token", "--cache-size", CACHE, "--retain-changes", "150000",
-         "--max-body", str(64 << 20)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        run(hub, base, data.name)
-    finally:
-        hub.terminate()
-        hub.wait()
+    with probe_hub.hub(BIN, CACHE) as (process, base, folder):
+        run(process, base, folder)
 
 
 def cpu_seconds(pid):
@@ -50,25 +35,7 @@ def cpu_seconds(pid):
 
 
 def run(hub, base, folder):
-    deadline = time.time() + 30
-    while True:
-        try:
-            urllib.request.urlopen(base + "/channels/c/changelist.xml", timeout=1).read()
-            break
-        except OSError:
-            if time.time() > deadline:
-                raise RuntimeError("the hub did not start within 30 s")
-            time.sleep(0.05)
-    for start in range(0, CHANGES, REQUEST):
-        body = "\n".join(
-            json.dumps({"loc": f"http://example.com/r/{n}", "change": "updated",
-                        "hash": "md5:1e0d5cb8ef6ba40c99b14c0237be735e", "length": 1000 + n % 5000})
-            for n in range(start, start + REQUEST))
-        request = urllib.request.Request(
-            base + "/channels/c/changes", data=body.encode(), method="POST",
-            headers={"Authorization": "Bearer token", "Content-Type": "application/x-ndjson"})
-        urllib.request.urlopen(request, timeout=60).read()
-    time.sleep(3)  # the last batch published, the block files written
+    probe_hub.fill(base, CHANGES, REQUEST)
     # The lists still retained (the first 10,000 changes are past --retain-changes).
     paths = [f"/channels/c/changelist/{k * LIST + 1}-{(k + 1) * LIST}.xml"
              for k in range(1, LISTS + 1)]

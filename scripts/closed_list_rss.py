@@ -12,33 +12,18 @@ retained ones, 40 times, sampling the hub's VmRSS every 5 ms. For reads 11 to 40
 full by then) it prints the rise from just before each read to the highest sample within its
 second: summed, and those of 2.7 MiB or more. Stops the hub at the end; its data folder is a
 temporary one."""
-import json, random, socket, subprocess, sys, tempfile, threading, time, urllib.request
+import random, sys, threading, time, urllib.request
+
+import probe_hub
 
 BIN = sys.argv[1]
 SEED = int(sys.argv[2]) if len(sys.argv) > 2 else 1
 CHANGES, REQUEST, LIST, READS, SKIPPED = 160_000, 5_000, 10_000, 40, 10
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main():
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    data = tempfile.TemporaryDirectory()
-    hub = subprocess.Popen(
-        [BIN, "serve", "--listen", f"127.0.0.1:{port}", "--data-dir", data.name + "/data",
-         "--channel", "c=token", "--cache-size", "64", "--retain-changes", "150000",
-         "--max-body", str(64 << 20)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        run(hub, base)
-    finally:
-        hub.terminate()
-        hub.wait()
+    with probe_hub.hub(BIN, 64) as (process, base, _folder):
+        run(process, base)
 
 
 def rss(pid):
@@ -50,25 +35,7 @@ def rss(pid):
 
 
 def run(hub, base):
-    deadline = time.time() + 30
-    while True:
-        try:
-            urllib.request.urlopen(base + "/channels/c/changelist.xml", timeout=1).read()
-            break
-        except OSError:
-            if time.time() > deadline:
-                raise RuntimeError("the hub did not start within 30 s")
-            time.sleep(0.05)
-    for start in range(0, CHANGES, REQUEST):
-        body = "\n".join(
-            json.dumps({"loc": f"http://example.com/r/{n}", "change": "updated",
-                        "hash": "md5:1e0d5cb8ef6ba40c99b14c0237be735e", "length": 1000 + n % 5000})
-            for n in range(start, start + REQUEST))
-        request = urllib.request.Request(
-            base + "/channels/c/changes", data=body.encode(), method="POST",
-            headers={"Authorization": "Bearer token", "Content-Type": "application/x-ndjson"})
-        urllib.request.urlopen(request, timeout=60).read()
-    time.sleep(3)  # the last batch published, the block files written
+    probe_hub.fill(base, CHANGES, REQUEST)
     rnd = random.Random(SEED)
     retained_lists = (CHANGES - 150_000) // LIST + 1  # the first list still retained
     rises = []

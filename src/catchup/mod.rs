@@ -213,8 +213,8 @@ pub const OWN_MAPPING: usize = 1 << 20;
 /// The mapping is populated (`MAP_POPULATE`): its pages are all made in the one call, not one
 /// page fault at a time while it is filled. A closed list rendered on a cache miss then costs
 /// the hub less CPU than from the heap, not more (`scripts/closed_list_misses.py`,
-/// `docs/performance.md`, forty-seventh pass: 1.42–1.47 ms a read, against 1.62–1.73 from the
-/// heap and 1.77–1.82 unpopulated).
+/// `docs/performance.md`, forty-seventh pass: 1.41–1.47 ms a read, against 1.62–1.73 from the
+/// heap and 1.75–1.82 unpopulated).
 fn mapped(pieces: &[Bytes], length: usize) -> Option<Bytes> {
     let mut map = memmap2::MmapOptions::new()
         .len(length)
