@@ -1030,39 +1030,75 @@ struct BlockFile<'f> {
     wait: Wait,
 }
 
-/// Fills `buf` from `file` at `offset` only from the operating system's page cache: an error
-/// of kind `WouldBlock` when that would have to wait for the disk (or the file system cannot
-/// tell), `UnexpectedEof` when the file ends first.
+/// Reads `len` bytes of `file` at `offset` into a new buffer. With [`Wait::Never`] only from
+/// the operating system's page cache: an error of kind `WouldBlock` when that would have to
+/// wait for the disk (or the file system cannot tell). `UnexpectedEof` when the file ends
+/// first.
+///
+/// The buffer is not zeroed before the read: a page's entries are hundreds of KB, and zeroing
+/// them was 5% of the hub's CPU for a page read from the files (docs/performance.md,
+/// forty-eighth pass).
 #[cfg(target_os = "linux")]
-fn read_cached(file: &File, mut buf: &mut [u8], mut offset: u64) -> io::Result<()> {
-    use rustix::io::{preadv2, Errno, ReadWriteFlags};
-    while !buf.is_empty() {
-        match preadv2(
-            file,
-            &mut [io::IoSliceMut::new(buf)],
-            offset,
-            ReadWriteFlags::NOWAIT,
-        ) {
-            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-            Ok(n) => {
-                buf = &mut buf[n..];
-                offset += n as u64;
+fn read_new(file: &File, len: usize, offset: u64, wait: Wait) -> io::Result<Vec<u8>> {
+    use std::os::fd::AsRawFd;
+    let fd = file.as_raw_fd();
+    let mut bytes: Vec<u8> = Vec::with_capacity(len);
+    let mut done = 0;
+    while done < len {
+        let at = offset
+            .checked_add(done as u64)
+            .and_then(|at| libc::off_t::try_from(at).ok())
+            .ok_or_else(|| corrupt("an offset beyond what the system can read"))?;
+        let spare = &mut bytes.spare_capacity_mut()[done..len];
+        let (buf, count) = (spare.as_mut_ptr().cast::<libc::c_void>(), spare.len());
+        // SAFETY: the kernel writes at most `count` bytes at `buf`, all of them inside `spare`
+        // (the vector's own capacity, held mutably here); uninitialised bytes need no drop.
+        let read = unsafe {
+            match wait {
+                Wait::Allowed => libc::pread(fd, buf, count, at),
+                Wait::Never => {
+                    let iov = libc::iovec {
+                        iov_base: buf,
+                        iov_len: count,
+                    };
+                    libc::preadv2(fd, &iov, 1, at, libc::RWF_NOWAIT)
+                }
             }
-            Err(Errno::INTR) => {}
-            // Not in the page cache; or a kernel or file system without RWF_NOWAIT.
-            Err(Errno::AGAIN | Errno::OPNOTSUPP | Errno::NOSYS) => {
-                return Err(io::ErrorKind::WouldBlock.into())
+        };
+        match read {
+            0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+            n if n > 0 => done += n as usize,
+            _ => {
+                let e = io::Error::last_os_error();
+                match e.raw_os_error() {
+                    Some(libc::EINTR) => {}
+                    // Not in the page cache; or a kernel or file system without RWF_NOWAIT.
+                    Some(libc::EAGAIN | libc::EOPNOTSUPP | libc::ENOSYS)
+                        if matches!(wait, Wait::Never) =>
+                    {
+                        return Err(io::ErrorKind::WouldBlock.into())
+                    }
+                    _ => return Err(e),
+                }
             }
-            Err(e) => return Err(e.into()),
         }
     }
-    Ok(())
+    // SAFETY: the loop ends only once the kernel has written all `len` bytes.
+    unsafe { bytes.set_len(len) };
+    Ok(bytes)
 }
 
 /// Elsewhere every read is left to a blocking thread.
 #[cfg(not(target_os = "linux"))]
-fn read_cached(_: &File, _: &mut [u8], _: u64) -> io::Result<()> {
-    Err(io::ErrorKind::WouldBlock.into())
+fn read_new(file: &File, len: usize, offset: u64, wait: Wait) -> io::Result<Vec<u8>> {
+    match wait {
+        Wait::Allowed => {
+            let mut bytes = vec![0; len];
+            file.read_exact_at(&mut bytes, offset)?;
+            Ok(bytes)
+        }
+        Wait::Never => Err(io::ErrorKind::WouldBlock.into()),
+    }
 }
 
 /// Opens the block at `place` of the segment file `file`, which must be the block starting
@@ -1114,16 +1150,10 @@ impl BlockFile<'_> {
         {
             return Err(corrupt("offsets beyond the end of the block"));
         }
-        let mut bytes = vec![0; len];
-        let read = match self.wait {
-            Wait::Allowed => self.file.read_exact_at(&mut bytes, self.base + at),
-            Wait::Never => read_cached(self.file, &mut bytes, self.base + at),
-        };
-        read.map_err(|e| match e.kind() {
+        read_new(self.file, len, self.base + at, self.wait).map_err(|e| match e.kind() {
             io::ErrorKind::UnexpectedEof => corrupt("a segment file cut short"),
             _ => e,
-        })?;
-        Ok(bytes)
+        })
     }
 }
 
