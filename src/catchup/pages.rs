@@ -1073,9 +1073,7 @@ fn read_new(file: &File, len: usize, offset: u64, wait: Wait) -> io::Result<Vec<
                 match e.raw_os_error() {
                     Some(libc::EINTR) => {}
                     // Not in the page cache; or a kernel or file system without RWF_NOWAIT.
-                    Some(libc::EAGAIN | libc::EOPNOTSUPP | libc::ENOSYS)
-                        if matches!(wait, Wait::Never) =>
-                    {
+                    Some(libc::EAGAIN | libc::EOPNOTSUPP | libc::ENOSYS) if wait == Wait::Never => {
                         return Err(io::ErrorKind::WouldBlock.into())
                     }
                     _ => return Err(e),
