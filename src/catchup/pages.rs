@@ -23,12 +23,10 @@
 //!   neither fill memory nor hold publishing back. The bound on disk drops whole segments,
 //!   the one used least recently first. A miss in memory reads only what the page needs from
 //!   the file (the offsets and datetimes of its first and last entries, then the byte range):
-//!   the operating system's page cache does the caching, not the hub's memory. Those bytes
-//!   are not copied out of the file: the block is mapped, and the page sends a slice of the
-//!   mapping, which the kernel copies once, into the socket (a block read whole for the
-//!   memory tier is read into the hub's memory). A segment keeps its file open once read, and
-//!   a read that costs no wait (that file open, the block's pages in the page cache) is made
-//!   on the caller's thread; any other on a blocking thread (`Wait`).
+//!   the operating system's page cache does the caching, not the hub's memory. A segment
+//!   keeps its file open once read, and a read that costs no wait (that file open, its bytes
+//!   in the page cache) is made on the caller's thread; any other on a blocking thread
+//!   (`Wait`).
 //!
 //! What a page takes from a block is [`Entries`]: its bytes as [`Bytes`] that share the
 //! block's memory, or that the file was read into, so that a page is sent as its header and
@@ -619,8 +617,7 @@ struct Segment {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Wait {
     /// Only what costs no wait: the segment file already open, its bytes in the operating
-    /// system's page cache (`preadv2` with `RWF_NOWAIT` for a whole block, `mincore` for a
-    /// mapped one). Otherwise the read gives
+    /// system's page cache (`preadv2` with `RWF_NOWAIT`). Otherwise the read gives
     /// [`WouldWait`] and nothing else happens. For the async threads that serve requests:
     /// a read of a block read recently costs a copy, not a trip through the blocking pool
     /// (two thread wake-ups, which under load cost more than the copy).
@@ -1184,13 +1181,10 @@ fn read_block(file: &File, place: Place, first: u64, wait: Wait) -> io::Result<B
     })
 }
 
-/// Entries `entries` (indices within the block, not empty) of the block at `place` of the
-/// segment file `file`, which must be the block starting at seq `first`: the records of the
-/// entry before them (where their bytes start), of the first and of the last, then their
-/// bytes, all from a mapping of the block ([`map_block`]). The bytes given back are a slice
-/// of that mapping, not a copy: a page's entries go from the operating system's page cache
-/// into the socket in the one copy the kernel makes there, and the mapping goes when the
-/// last of them is dropped.
+/// Reads entries `entries` (indices within the block, not empty) of the block at `place` of
+/// the segment file `file`, which must be the block starting at seq `first`: the records
+/// of the entry before them (where their bytes start), of the first and of the last, then
+/// their bytes.
 fn read_entries(
     file: &File,
     place: Place,
@@ -1198,116 +1192,41 @@ fn read_entries(
     entries: Range<usize>,
     wait: Wait,
 ) -> io::Result<Entries> {
-    let map = map_block(file, place, wait)?;
-    let at = |from: u64, len: u64| {
-        from.checked_add(len)
-            .filter(|end| *end <= map.len() as u64)
-            .map(|end| &map[from as usize..end as usize])
-            .ok_or_else(|| corrupt("offsets beyond the end of the block"))
-    };
-    let fixed = at(0, FIXED)?;
-    if &fixed[..8] != MAGIC || u64_at(fixed, 8) != first {
-        return Err(corrupt("not the block expected"));
-    }
-    let count = u64_at(fixed, 16);
-    if count == 0 || count > BLOCK {
-        return Err(corrupt("a block with no entries or too many"));
-    }
-    if entries.is_empty() || entries.end as u64 > count {
+    let file = open_block(file, place, first, wait)?;
+    let count = file.count;
+    if entries.is_empty() || entries.end > count {
         return Err(corrupt("no such entries in the block"));
     }
-    let records = at(FIXED, count * RECORD)?;
-    let start = match entries.start {
-        0 => 0,
-        i => record_at(records, i - 1)?.0,
+    // Records entries.start − 1 (when there is one) and entries.start.
+    let from = entries.start.saturating_sub(1);
+    let head = file.read_bytes(
+        FIXED + from as u64 * RECORD,
+        (entries.start - from + 1) * RECORD as usize,
+    )?;
+    let start = if entries.start == 0 {
+        0
+    } else {
+        record_at(&head, 0)?.0
     };
-    let (first_end, from) = record_at(records, entries.start)?;
-    let (end, until) = record_at(records, entries.end - 1)?;
+    let (first_end, from_datetime) = record_at(&head, entries.start - from)?;
+    let (end, until) = if entries.len() == 1 {
+        (first_end, from_datetime)
+    } else {
+        let tail = file.read_bytes(FIXED + (entries.end - 1) as u64 * RECORD, RECORD as usize)?;
+        record_at(&tail, 0)?
+    };
     if first_end < start || end < first_end {
         return Err(corrupt("entry offsets going backwards"));
     }
-    let data = FIXED + count * RECORD;
-    let bytes = data
-        .checked_add(start)
-        .ok_or_else(|| corrupt("offsets beyond the end of the block"))?;
-    let len = at(bytes, end - start)?.len();
-    let (start, end) = (bytes as usize, bytes as usize + len);
+    let data = FIXED + count as u64 * RECORD;
+    let bytes = file.read_bytes(data + start, (end - start) as usize)?;
     Ok(Entries {
         first: first + entries.start as u64,
         last: first + entries.end as u64 - 1,
-        bytes: Bytes::from_owner(map).slice(start..end),
-        from,
+        bytes: Bytes::from(bytes),
+        from: from_datetime,
         until,
     })
-}
-
-/// The block at `place` of the segment file `file`, mapped (read only, shared with the page
-/// cache). With [`Wait::Never`] only when every page of the block is in the page cache
-/// (`mincore`), else an error of kind `WouldBlock`: touching the mapping then costs page
-/// faults that find their pages, never a wait for the disk on the serving thread (unless the
-/// system takes the pages back in between, which a page cache under pressure may). With
-/// [`Wait::Allowed`] its pages are read in first (`MAP_POPULATE`), on the blocking thread
-/// that maps it, for the same reason. A file shorter than the block is corrupt.
-fn map_block(file: &File, place: Place, wait: Wait) -> io::Result<memmap2::Mmap> {
-    let end = place
-        .offset
-        .checked_add(place.size)
-        .ok_or_else(|| corrupt("a block beyond what the system can read"))?;
-    if file.metadata()?.len() < end {
-        return Err(corrupt("a segment file cut short"));
-    }
-    if cfg!(not(target_os = "linux")) && wait == Wait::Never {
-        return Err(io::ErrorKind::WouldBlock.into());
-    }
-    let len = usize::try_from(place.size)
-        .map_err(|_| corrupt("a block larger than what the system can map"))?;
-    let mut options = memmap2::MmapOptions::new();
-    options.offset(place.offset).len(len);
-    if wait == Wait::Allowed {
-        options.populate();
-    }
-    // SAFETY: the mapping is read only, and within the file (checked above). The files are the
-    // hub's own cache (the folder is emptied when it starts): a block's bytes are written once,
-    // before its place is marked written, and never again (a block written anew goes to a new
-    // place, or a new file); a segment file is only ever removed, never cut short, and a
-    // removed file stays readable through a mapping made before.
-    let map = unsafe { options.map(file)? };
-    if wait == Wait::Never && !resident(&map)? {
-        return Err(io::ErrorKind::WouldBlock.into());
-    }
-    Ok(map)
-}
-
-/// Whether every page of `map` is in the operating system's page cache.
-#[cfg(target_os = "linux")]
-fn resident(map: &memmap2::Mmap) -> io::Result<bool> {
-    // SAFETY: sysconf has no preconditions.
-    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
-        .ok()
-        .filter(|p| p.is_power_of_two())
-        .ok_or_else(io::Error::last_os_error)?;
-    // The mapping starts on the page that holds its first byte (memmap2 maps from there).
-    let mut at = map.as_ptr() as usize & !(page - 1);
-    let end = map.as_ptr() as usize + map.len();
-    let mut pages = [0u8; 256];
-    while at < end {
-        let len = (end - at).min(pages.len() * page);
-        // SAFETY: `at .. at + len` lies within the mapping, from a page boundary; the kernel
-        // writes one byte per page of it, at most `pages.len()`, into `pages`.
-        if unsafe { libc::mincore(at as *mut libc::c_void, len, pages.as_mut_ptr()) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if pages[..len.div_ceil(page)].iter().any(|p| p & 1 == 0) {
-            return Ok(false);
-        }
-        at += len;
-    }
-    Ok(true)
-}
-
-#[cfg(not(target_os = "linux"))]
-fn resident(_: &memmap2::Mmap) -> io::Result<bool> {
-    Ok(false)
 }
 
 #[cfg(test)]
@@ -1688,98 +1607,6 @@ mod tests {
             Ok(None)
         ));
         assert!(files.size(&key(1)).is_none(), "forgotten");
-    }
-
-    /// The mappings of `path` in this process, from `/proc/self/maps`: their address ranges.
-    #[cfg(target_os = "linux")]
-    fn mappings_of(path: &Path) -> Vec<Range<usize>> {
-        let path = path.canonicalize().unwrap();
-        std::fs::read_to_string("/proc/self/maps")
-            .unwrap()
-            .lines()
-            .filter(|line| line.ends_with(path.to_str().unwrap()))
-            .map(|line| {
-                let (from, to) = line
-                    .split_whitespace()
-                    .next()
-                    .unwrap()
-                    .split_once('-')
-                    .unwrap();
-                usize::from_str_radix(from, 16).unwrap()..usize::from_str_radix(to, 16).unwrap()
-            })
-            .collect()
-    }
-
-    /// A page's entries from a block file are not copied into the hub's memory: they are a
-    /// slice of a mapping of the segment file, which goes with the last of them.
-    #[cfg(target_os = "linux")]
-    #[test]
-    fn entries_read_from_a_file_are_a_slice_of_its_mapping() {
-        let files = PageFiles::temporary(FILES_BYTES).unwrap();
-        let written = block(BLOCK + 1, BLOCK);
-        files.write(&key(1), &written).unwrap();
-        let path = files.path(&key(1)).unwrap();
-        assert!(mappings_of(&path).is_empty());
-        let read = files.entries_waiting(&key(1), 17..640).unwrap();
-        assert_eq!(&read.bytes[..], written.entries.slice(17..640));
-        let (start, end) = (
-            read.bytes.as_ptr() as usize,
-            read.bytes.as_ptr() as usize + read.bytes.len(),
-        );
-        let mapped = mappings_of(&path);
-        assert!(
-            mapped.iter().any(|m| m.start <= start && end <= m.end),
-            "entries at {start:#x}..{end:#x}, the file mapped at {mapped:x?}"
-        );
-        let piece = read.bytes.slice(10..20);
-        drop(read);
-        assert!(!mappings_of(&path).is_empty(), "still held by a piece");
-        drop(piece);
-        assert!(
-            mappings_of(&path).is_empty(),
-            "unmapped with the last piece"
-        );
-    }
-
-    /// A read that must not wait gives way when the block's pages are not in the page cache
-    /// (its file open, but its pages dropped), and a read that may wait brings them back.
-    #[cfg(target_os = "linux")]
-    #[test]
-    fn a_block_out_of_the_page_cache_is_not_read_without_waiting() {
-        use std::os::fd::AsRawFd;
-        // On the disk of the checkout, not in a memory file system (which keeps every page).
-        let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
-        std::fs::create_dir_all(&target).unwrap();
-        let dir = tempfile::tempdir_in(target).unwrap();
-        let files = PageFiles::open(&dir.path().join("pages"), FILES_BYTES).unwrap();
-        let written = block(BLOCK + 1, BLOCK);
-        files.write(&key(1), &written).unwrap();
-        assert!(
-            files.entries_waiting(&key(1), 0..10).is_some(),
-            "the file opened"
-        );
-        assert!(matches!(
-            files.read_entries(&key(1), 0..10, Wait::Never),
-            Ok(Some(_))
-        ));
-        let file = File::open(files.path(&key(1)).unwrap()).unwrap();
-        file.sync_all().unwrap();
-        // SAFETY: a hint about an open file's pages, over the whole file.
-        let advised =
-            unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-        assert_eq!(advised, 0);
-        assert!(matches!(
-            files.read_entries(&key(1), 0..10, Wait::Never),
-            Err(WouldWait)
-        ));
-        assert!(files.size(&key(1)).is_some(), "still placed");
-        let read = files.entries_waiting(&key(1), 0..1000).unwrap();
-        assert_eq!(&read.bytes[..], written.entries.slice(0..1000));
-        drop(read);
-        let Ok(Some(read)) = files.read_entries(&key(1), 990..1000, Wait::Never) else {
-            panic!("not read without waiting once a read brought its pages back");
-        };
-        assert_eq!(&read.bytes[..], written.entries.slice(990..1000));
     }
 
     /// A segment dropped by the bound takes its open file with it: the same blocks written
