@@ -101,9 +101,10 @@ pub struct ServeArgs {
     /// Disk the files of rendered Change List entries (of which `changes?after=` pages, the
     /// topic and closed lists are made) may take, in MiB (default 2048; 0: no files, entries
     /// are rendered from the store when memory does not hold them).
-    /// The files are a cache, emptied at start-up: in `pages` in the data directory, or with
-    /// --redis in a temporary folder removed when the hub stops. About 300 bytes per retained
-    /// change: size it to the retention of all channels together.
+    /// The files are a cache: in `pages` in the data directory, kept across restarts (a
+    /// restarted hub serves pages from them at once), or with --redis in a temporary folder
+    /// removed when the hub stops. About 300 bytes per retained change: size it to the
+    /// retention of all channels together.
     #[arg(long, env = "CHANGEHUB_PAGE_FILES_SIZE")]
     pub page_files_size: Option<u64>,
     /// Lease granted when a subscriber asks for none (default 10 days).

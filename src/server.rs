@@ -609,10 +609,32 @@ impl Hub {
         }
         // Each channel's origin is recorded once: when it began (an empty Change List's
         // `from`) and the epoch of its log.
+        // The block files an earlier run left are kept for the logs they are still of, as far
+        // as each log's newest seq (a store put back to an earlier state may have other
+        // changes under later seqs), before any page is served.
+        let mut logs = std::collections::HashMap::new();
         for feed in feeds.feeds() {
-            if let Err(e) = feed.origin(store.as_ref()).await {
-                tracing::warn!(channel = %feed.name, error = %e, "cannot record the channel's origin; will on first use");
+            match feed.origin(store.as_ref()).await {
+                Ok(origin) => {
+                    if let Ok(head) = store.head(&feed.name).await {
+                        logs.insert(feed.name.clone(), (origin.epoch.clone(), head.last));
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(channel = %feed.name, error = %e, "cannot record the channel's origin; will on first use");
+                }
             }
+        }
+        let kept = pages.clone();
+        let retained = tokio::task::spawn_blocking(move || {
+            kept.retain_files(|channel, epoch| {
+                logs.get(channel)
+                    .filter(|(e, _)| e == epoch)
+                    .map(|(_, last)| *last)
+            })
+        });
+        if let Err(e) = retained.await {
+            tracing::warn!(error = %e, "cannot check the block files found at start-up");
         }
         // Change Dumps (before delivery resumes: their subscriptions need the feeds).
         for channel in feeds.all() {

@@ -32,8 +32,13 @@
 //! block's memory, or that the file was read into, so that a page is sent as its header and
 //! these pieces without being copied into one buffer first.
 //!
-//! The folder of the files is a cache: it is emptied when the hub starts (see
-//! [`PageFiles::open`]). Neither tier knows about retention: the caller checks that the seqs
+//! The folder of the files is a cache that outlives the process: a hub started again on the
+//! same data directory finds the blocks it left (see [`PageFiles::open`]), each checked
+//! against its checksum on its first read, and keeps only those of each channel's current
+//! epoch whose seqs are all at or before the log's newest ([`PageFiles::retain`], before any
+//! page is served: a store put back to an earlier state may have other changes under later
+//! seqs). Anything else in the folder is removed. With Redis the folder is temporary, made and
+//! removed by the process. Neither tier knows about retention: the caller checks that the seqs
 //! it asks for are retained before it uses a block (`changes_after` does).
 //!
 //! A segment file is named `SEGMENT_NUMBER-GENERATION` (the generation tells a segment from
@@ -41,10 +46,15 @@
 //! index gives, is a header, then the rendered entries:
 //!
 //! ```text
-//! "CHPAGES1"  first seq: u64  count: u64        (little endian)
+//! "CHPAGES2"  first seq: u64  count: u64  checksum: u64        (little endian)
 //! count × (end: u64, datetime: i128 unix nanoseconds, UTC)
 //! the entries' bytes (entry i is bytes end[i-1] .. end[i], end[-1] = 0)
 //! ```
+//!
+//! The checksum is the CRC-32 of everything after the fixed header (the records and the
+//! entries). A block forgotten while its segment file stays (its read failed, or it was not
+//! kept at start-up) has `"CHPAGES-"` in place of its magic number, so that the next process
+//! skips it.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -453,6 +463,14 @@ impl PageCache {
         }
     }
 
+    /// Keeps the blocks of the files found at start-up only for the logs `last` names, as
+    /// far as their newest seq (see [`PageFiles::retain`]). Blocking.
+    pub fn retain_files(&self, last: impl Fn(&str, &str) -> Option<u64>) {
+        if let Some(files) = &self.files {
+            files.retain(last);
+        }
+    }
+
     /// Keeps a complete block (`BLOCK` entries from seq `block·BLOCK + 1`) in memory and, on
     /// a blocking thread, in its file; anything else is not kept.
     pub fn keep(&self, channel: &str, epoch: &str, block: u64, found: Arc<Block>) {
@@ -600,6 +618,9 @@ struct Place {
     size: u64,
     /// Its bytes are written: it can be read.
     written: bool,
+    /// Its checksum was checked against its bytes, or this process wrote them. A block found
+    /// in its file at start-up is not, until its first read (see [`PageFiles::open`]).
+    verified: bool,
 }
 
 /// A segment file's generation, the bytes reserved in it, and the numbers of the blocks
@@ -631,22 +652,201 @@ enum Wait {
 struct WouldWait;
 
 /// The magic number at the start of a block (its format's version).
-const MAGIC: &[u8; 8] = b"CHPAGES1";
-/// Bytes of a block's fixed header: magic, first seq, count.
-const FIXED: u64 = 24;
+const MAGIC: &[u8; 8] = b"CHPAGES2";
+/// What a block forgotten while its segment file stays has in place of its magic number: a
+/// later process skips it when it walks the file (see [`PageFiles::open`]).
+const DEAD: &[u8; 8] = b"CHPAGES-";
+/// Bytes of a block's fixed header: magic, first seq, count, checksum.
+const FIXED: u64 = 32;
 /// Bytes per entry in the header: end offset, datetime.
 const RECORD: u64 = 24;
 
 impl PageFiles {
-    /// Block files in `dir`, at most `bound` bytes of them. `dir` is a cache: whatever is
-    /// in it is removed first. Blocking.
+    /// Block files in `dir`, at most `bound` bytes of them, with the blocks an earlier
+    /// process left there: each segment file is walked block by block (two small reads per
+    /// block: its fixed header and its last record), as far as its blocks are whole and of
+    /// that segment; the rest of the file is left to be written over. Anything else in the
+    /// folder is removed, and so are the segments used least long ago (by generation) beyond
+    /// the bound. A block found this way is checked against its checksum on its first read
+    /// (see `verify`), and the caller says which channels and epochs still hold its seqs
+    /// ([`PageFiles::retain`]). Blocking.
     pub fn open(dir: &Path, bound: u64) -> io::Result<PageFiles> {
-        match std::fs::remove_dir_all(dir) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-            _ => {}
-        }
+        PageFiles::open_in(dir, bound, SEGMENT)
+    }
+
+    /// [`PageFiles::open`], with `segment` blocks per segment file.
+    fn open_in(dir: &Path, bound: u64, segment: u64) -> io::Result<PageFiles> {
         std::fs::create_dir_all(dir)?;
-        Ok(PageFiles::new(dir.to_path_buf(), bound, None))
+        let mut files = PageFiles::new(dir.to_path_buf(), bound, None);
+        files.segment = segment;
+        let mut found = Vec::new();
+        for (channel, path) in folder(dir)? {
+            if !plain_name(&channel) || !path.is_dir() {
+                remove_any(&path);
+                continue;
+            }
+            for (epoch, path) in folder(&path)? {
+                if !plain_name(&epoch) || !path.is_dir() {
+                    remove_any(&path);
+                    continue;
+                }
+                for (name, path) in folder(&path)? {
+                    match segment_name(&name).filter(|_| path.is_file()) {
+                        Some((number, generation)) => {
+                            let key = Key::new(&channel, &epoch, number);
+                            found.push((generation, key, path));
+                        }
+                        None => remove_any(&path),
+                    }
+                }
+            }
+        }
+        // Oldest generation first: the newest count as used last.
+        found.sort_by_key(|(generation, ..)| *generation);
+        for (generation, segment_key, path) in found {
+            files.restore(segment_key, generation, &path);
+        }
+        Ok(files)
+    }
+
+    /// Places the whole blocks of the segment file at `path` (segment `segment_key`, its
+    /// generation `generation`) in the index; removes the file when it has none, or when it
+    /// is dropped for the bound or for a newer file of the same segment.
+    fn restore(&self, segment_key: Key, generation: u64, path: &Path) {
+        let blocks = File::open(path)
+            .and_then(|file| self.whole_blocks(&file, segment_key.block, generation))
+            .unwrap_or_default();
+        let Some(length) = blocks.iter().map(|(_, p)| p.offset + p.size).max() else {
+            remove_any(path);
+            return;
+        };
+        let mut index = lock(&self.index);
+        index.generation = index.generation.max(generation);
+        if let Some(older) = index.segments.remove(&segment_key) {
+            self.forget_segment(&mut index, &segment_key, &older);
+        }
+        for &(number, place) in &blocks {
+            index.blocks.insert(
+                Key {
+                    block: number,
+                    ..segment_key.clone()
+                },
+                place,
+            );
+        }
+        let segment = Segment {
+            generation,
+            length,
+            blocks: blocks.iter().map(|(number, _)| *number).collect(),
+            file: None,
+        };
+        let dropped = index.segments.insert(segment_key, segment, length);
+        for (dropped_key, segment) in dropped {
+            self.forget_segment(&mut index, &dropped_key, &segment);
+        }
+    }
+
+    /// Takes the blocks of a dropped segment out of the index and removes its file.
+    fn forget_segment(&self, index: &mut Index, segment_key: &Key, segment: &Segment) {
+        for block in &segment.blocks {
+            index.blocks.remove(&Key {
+                block: *block,
+                ..segment_key.clone()
+            });
+        }
+        let first_block = Key {
+            block: segment_key.block * self.segment,
+            ..segment_key.clone()
+        };
+        remove_any(&self.segment_path(&first_block, segment.generation));
+    }
+
+    /// The whole blocks at the start of the file of segment number `number`, one after the
+    /// other, each with its place: as far as each has the magic number (or that of a block
+    /// forgotten, which is skipped), a first seq of its segment, at least one entry and no
+    /// more than a block's, and all its bytes within the file. A block found again further on
+    /// is the newer: a block is written again only once forgotten.
+    fn whole_blocks(
+        &self,
+        file: &File,
+        number: u64,
+        generation: u64,
+    ) -> io::Result<Vec<(u64, Place)>> {
+        let length = file.metadata()?.len();
+        let mut blocks: Vec<(u64, Place)> = Vec::new();
+        let mut offset = 0;
+        while offset + FIXED <= length {
+            let fixed = read_new(file, FIXED as usize, offset, Wait::Allowed)?;
+            let (first, count) = (u64_at(&fixed, 8), u64_at(&fixed, 16));
+            let block = first.saturating_sub(1) / BLOCK;
+            let live = &fixed[..8] == MAGIC;
+            let whole = (live || &fixed[..8] == DEAD)
+                && first % BLOCK == 1
+                && block / self.segment == number
+                && (1..=BLOCK).contains(&count);
+            let records = offset + FIXED + count * RECORD;
+            if !whole || records > length {
+                break;
+            }
+            let last = read_new(file, RECORD as usize, records - RECORD, Wait::Allowed)?;
+            let size = FIXED + count * RECORD + u64_at(&last, 0);
+            if offset.checked_add(size).is_none_or(|end| end > length) {
+                break;
+            }
+            let place = Place {
+                generation,
+                offset,
+                size,
+                written: true,
+                verified: false,
+            };
+            blocks.retain(|(b, _)| *b != block);
+            if live {
+                blocks.push((block, place));
+            }
+            offset += size;
+        }
+        Ok(blocks)
+    }
+
+    /// Keeps the blocks of a channel and epoch only while `last(channel, epoch)` is the
+    /// newest seq of that log and the block's seqs are all at or before it: the others (a
+    /// channel gone, a log begun again, a store put back to an earlier state) are forgotten,
+    /// with the files of segments left without blocks and the folders of logs not kept. For
+    /// the blocks found at start-up, before any page is served. Blocking.
+    pub fn retain(&self, last: impl Fn(&str, &str) -> Option<u64>) {
+        let mut index = lock(&self.index);
+        let mut folders = Vec::new();
+        let keys: Vec<Key> = index.blocks.keys().cloned().collect();
+        for key in keys {
+            let kept = last(&key.channel, &key.epoch);
+            if kept.is_some_and(|last| (key.block + 1) * BLOCK <= last) {
+                continue;
+            }
+            if kept.is_none() {
+                folders.push(self.dir.join(&key.channel).join(&key.epoch));
+            }
+            let Some(place) = index.blocks.remove(&key) else {
+                continue;
+            };
+            let segment_key = self.segment_of(&key);
+            let Some(segment) = index.segments.touch(&segment_key) else {
+                continue;
+            };
+            segment.blocks.retain(|b| *b != key.block);
+            if segment.blocks.is_empty() {
+                index.segments.remove(&segment_key);
+                remove_any(&self.segment_path(&key, place.generation));
+            } else {
+                self.mark_dead(&key, place);
+            }
+        }
+        drop(index);
+        folders.sort();
+        folders.dedup();
+        for folder in folders {
+            remove_any(&folder);
+        }
     }
 
     /// Block files in a new temporary folder (`changehub-pages-…` in the system's), removed
@@ -778,10 +978,13 @@ impl PageFiles {
         header.extend_from_slice(MAGIC);
         header.extend_from_slice(&block.first.to_le_bytes());
         header.extend_from_slice(&(block.datetimes.len() as u64).to_le_bytes());
+        header.extend_from_slice(&[0; 8]);
         for (end, datetime) in block.entries.ends.iter().zip(&block.datetimes) {
             header.extend_from_slice(&(*end as u64).to_le_bytes());
             header.extend_from_slice(&datetime.unix_timestamp_nanos().to_le_bytes());
         }
+        let sum = checksum(&[&header[FIXED as usize..], &block.entries.bytes]);
+        header[24..32].copy_from_slice(&sum.to_le_bytes());
         let size = (header.len() + block.entries.bytes.len()) as u64;
         match self.reserve(key, size) {
             Some(place) => self.fill(key, place, &[&header, &block.entries.bytes]),
@@ -845,6 +1048,7 @@ impl PageFiles {
             offset: segment.length,
             size,
             written: false,
+            verified: true,
         };
         segment.length += size;
         segment.blocks.push(key.block);
@@ -883,9 +1087,10 @@ impl PageFiles {
         let Some((place, kept)) = self.place(key) else {
             return Ok(None);
         };
-        let read = self
-            .segment_file(key, place, kept, wait)
-            .and_then(|file| read_block(&file, place, key.block * BLOCK + 1, wait));
+        let read = self.segment_file(key, place, kept, wait).and_then(|file| {
+            self.verify(key, place, &file, wait)?;
+            read_block(&file, place, key.block * BLOCK + 1, wait)
+        });
         self.checked(key, place, read)
     }
 
@@ -901,10 +1106,35 @@ impl PageFiles {
         let Some((place, kept)) = self.place(key) else {
             return Ok(None);
         };
-        let read = self
-            .segment_file(key, place, kept, wait)
-            .and_then(|file| read_entries(&file, place, key.block * BLOCK + 1, entries, wait));
+        let read = self.segment_file(key, place, kept, wait).and_then(|file| {
+            self.verify(key, place, &file, wait)?;
+            read_entries(&file, place, key.block * BLOCK + 1, entries, wait)
+        });
         self.checked(key, place, read)
+    }
+
+    /// Checks, once, that a block found in its file at start-up is what was written: its
+    /// first read reads it whole and compares its checksum (a block cut short or left half
+    /// written by a crash). Such a read may wait (a blocking thread's); blocks this process
+    /// wrote need no check.
+    fn verify(&self, key: &Key, place: Place, file: &File, wait: Wait) -> io::Result<()> {
+        if place.verified {
+            return Ok(());
+        }
+        if wait == Wait::Never {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        let block = open_block(file, place, key.block * BLOCK + 1, wait)?;
+        let rest = block.read_bytes(FIXED, (place.size.saturating_sub(FIXED)) as usize)?;
+        if checksum(&[&rest]) != block.checksum {
+            return Err(corrupt("a block whose checksum does not match its bytes"));
+        }
+        if let Some(p) = lock(&self.index).blocks.get_mut(key) {
+            if p.generation == place.generation {
+                p.verified = true;
+            }
+        }
+        Ok(())
     }
 
     /// What was read of the block of `key` at `place`; when that failed, the block is
@@ -940,8 +1170,21 @@ impl PageFiles {
             index.segments.remove(&segment_key);
             drop(index);
             let _ = std::fs::remove_file(self.segment_path(key, place.generation));
+        } else {
+            drop(index);
+            self.mark_dead(key, place);
         }
         Ok(None)
+    }
+
+    /// Overwrites the magic number of a forgotten block whose segment file stays, so that a
+    /// later process skips it instead of finding it again (a failure leaves it to the
+    /// checks at start-up: its checksum, and the newest seq of its log).
+    fn mark_dead(&self, key: &Key, place: Place) {
+        let path = self.segment_path(key, place.generation);
+        if let Ok(file) = File::options().write(true).open(path) {
+            let _ = file.write_all_at(DEAD, place.offset);
+        }
     }
 
     /// Forgets every block, and the files of a temporary folder.
@@ -1006,6 +1249,38 @@ fn write_at(path: &Path, offset: u64, parts: &[&[u8]]) -> io::Result<()> {
     Ok(())
 }
 
+/// The entries of the folder `dir`: each name (when it is UTF-8) and path.
+fn folder(dir: &Path) -> io::Result<Vec<(String, PathBuf)>> {
+    let mut entries = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        match path.file_name().and_then(|n| n.to_str()) {
+            Some(name) => entries.push((name.to_string(), path.clone())),
+            None => remove_any(&path),
+        }
+    }
+    Ok(entries)
+}
+
+/// Removes a file or a folder with what it holds; a failure only leaves bytes nobody reads.
+fn remove_any(path: &Path) {
+    let _ = if path.is_dir() {
+        std::fs::remove_dir_all(path)
+    } else {
+        std::fs::remove_file(path)
+    };
+}
+
+/// The segment number and generation of a segment file's name (`NUMBER-GENERATION`).
+fn segment_name(name: &str) -> Option<(u64, u64)> {
+    let (number, generation) = name.split_once('-')?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if !digits(number) || !digits(generation) {
+        return None;
+    }
+    Some((number.parse().ok()?, generation.parse().ok()?))
+}
+
 /// Whether `name` can be a folder's name under the folder of the files as it is (channel
 /// names and epochs always can; this only makes sure).
 fn plain_name(name: &str) -> bool {
@@ -1027,6 +1302,8 @@ struct BlockFile<'f> {
     base: u64,
     length: u64,
     count: usize,
+    /// The checksum of the bytes after the fixed header.
+    checksum: u64,
     wait: Wait,
 }
 
@@ -1107,6 +1384,7 @@ fn open_block(file: &File, place: Place, first: u64, wait: Wait) -> io::Result<B
         base: place.offset,
         length: place.size,
         count: 0,
+        checksum: 0,
         wait,
     };
     let fixed = file.read_bytes(0, FIXED as usize)?;
@@ -1118,7 +1396,17 @@ fn open_block(file: &File, place: Place, first: u64, wait: Wait) -> io::Result<B
         return Err(corrupt("a block with no entries or too many"));
     }
     file.count = count as usize;
+    file.checksum = u64_at(&fixed, 24);
     Ok(file)
+}
+
+/// The checksum of a block's bytes after its fixed header (CRC-32), given in pieces.
+fn checksum(parts: &[&[u8]]) -> u64 {
+    let mut hasher = crc32fast::Hasher::new();
+    for part in parts {
+        hasher.update(part);
+    }
+    u64::from(hasher.finalize())
 }
 
 fn u64_at(b: &[u8], at: usize) -> u64 {
@@ -1723,15 +2011,164 @@ mod tests {
         assert!(files.size(&key(0)).is_none());
     }
 
+    /// Whether the block of `key` was checked against its checksum (or written here).
+    fn verified(files: &PageFiles, key: &Key) -> bool {
+        lock(&files.index).blocks[key].verified
+    }
+
+    /// What is left in the folder of block files that is no segment file of a channel and
+    /// epoch is removed when it is opened; a file of another format has no blocks.
     #[test]
-    fn the_folder_of_block_files_is_emptied_when_opened() {
+    fn what_is_no_segment_file_is_removed_when_the_folder_is_opened() {
         let dir = tempfile::tempdir().unwrap();
         let pages = dir.path().join("pages");
         std::fs::create_dir_all(pages.join("c/e")).unwrap();
-        std::fs::write(pages.join("c/e/0"), b"left from before").unwrap();
+        std::fs::create_dir_all(pages.join(".forgotten-00ff/e")).unwrap();
+        std::fs::write(pages.join("c/e/0-1"), b"CHPAGES1 left from before").unwrap();
+        std::fs::write(pages.join("c/e/notes"), b"no segment").unwrap();
+        std::fs::write(pages.join("c/stray"), b"no epoch").unwrap();
+        std::fs::write(pages.join("stray"), b"no channel").unwrap();
         let files = PageFiles::open(&pages, FILES_BYTES).unwrap();
-        assert_eq!(std::fs::read_dir(&pages).unwrap().count(), 0);
+        let left: Vec<_> = walkdir(&pages);
+        assert_eq!(left, ["c", "c/e"], "only the folders are left");
         assert!(files.size(&key(0)).is_none());
+    }
+
+    /// The paths under `dir`, relative, sorted.
+    fn walkdir(dir: &Path) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut todo = vec![dir.to_path_buf()];
+        while let Some(d) = todo.pop() {
+            for entry in std::fs::read_dir(&d).unwrap() {
+                let path = entry.unwrap().path();
+                out.push(path.strip_prefix(dir).unwrap().display().to_string());
+                if path.is_dir() {
+                    todo.push(path);
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// The blocks an earlier process wrote are found again when the folder is opened: the
+    /// same entries, checked against their checksums on their first read (which may wait),
+    /// in segments of the same generations; a new segment gets a newer generation.
+    #[test]
+    fn blocks_left_in_the_folder_are_found_again_when_it_is_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let pages = dir.path().join("pages");
+        let written: Vec<_> = (0..3).map(|b| block(b * BLOCK + 1, BLOCK)).collect();
+        let paths = {
+            let files = PageFiles::open_in(&pages, FILES_BYTES, 2).unwrap();
+            for (b, block) in written.iter().enumerate() {
+                files.write(&key(b as u64), block).unwrap();
+            }
+            (0..3)
+                .map(|b| files.path(&key(b)).unwrap())
+                .collect::<Vec<_>>()
+        };
+        let files = PageFiles::open_in(&pages, FILES_BYTES, 2).unwrap();
+        for (b, block) in written.iter().enumerate() {
+            let key = key(b as u64);
+            assert_eq!(files.path(&key).as_ref(), Some(&paths[b]), "block {b}");
+            assert!(!verified(&files, &key), "block {b}: not checked yet");
+            let place = files.place(&key).unwrap().0;
+            assert!(
+                matches!(files.read_entries(&key, 0..10, Wait::Never), Err(WouldWait)),
+                "block {b}: the first read must be allowed to wait"
+            );
+            assert_eq!(files.place(&key).unwrap().0.offset, place.offset);
+            let read = files.entries_waiting(&key, 3..700).unwrap();
+            assert_eq!(&read.bytes[..], block.entries.slice(3..700), "block {b}");
+            assert_eq!(read.from, block.datetimes[3]);
+            assert!(verified(&files, &key), "block {b}: checked");
+            let whole = files.read_waiting(&key).unwrap();
+            assert_eq!(whole.entries.bytes, block.entries.bytes);
+            assert_eq!(whole.datetimes, block.datetimes);
+        }
+        // Block 3 shares block 2's segment (generation kept), block 4 starts a new one.
+        files.write(&key(3), &block(3 * BLOCK + 1, BLOCK)).unwrap();
+        files.write(&key(4), &block(4 * BLOCK + 1, BLOCK)).unwrap();
+        assert_eq!(files.path(&key(3)), files.path(&key(2)));
+        let generation = |k: u64| lock(&files.index).blocks[&key(k)].generation;
+        assert!(generation(4) > generation(0).max(generation(2)));
+        assert!(files.read_waiting(&key(3)).is_some());
+        assert!(files.read_waiting(&key(2)).is_some(), "not written over");
+    }
+
+    /// A block changed in its file after it was written (a crash while it was written, the
+    /// disk) is found again, but its first read sees the checksum differ: a miss, and the
+    /// block is forgotten, and marked so in its file. A segment file cut short keeps the whole blocks before the cut,
+    /// and the next block is written over what is left of the cut one.
+    #[test]
+    fn a_block_changed_or_cut_short_in_its_file_is_not_served_after_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let pages = dir.path().join("pages");
+        let (path, second) = {
+            let files = PageFiles::open(&pages, FILES_BYTES).unwrap();
+            for b in 0..3 {
+                files.write(&key(b), &block(b * BLOCK + 1, BLOCK)).unwrap();
+            }
+            let place = |b| lock(&files.index).blocks[&key(b)];
+            (files.path(&key(0)).unwrap(), (place(1), place(2)))
+        };
+        let (one, two) = second;
+        let file = File::options().write(true).open(&path).unwrap();
+        // One byte of block 0's entries, and block 2 cut in its entries.
+        file.write_all_at(b"#", FIXED + RECORD * BLOCK + 40)
+            .unwrap();
+        file.set_len(two.offset + two.size - 5).unwrap();
+        drop(file);
+        let files = PageFiles::open(&pages, FILES_BYTES).unwrap();
+        assert!(files.size(&key(0)).is_some(), "its header is whole");
+        assert!(files.entries_waiting(&key(0), 900..901).is_none());
+        assert!(files.size(&key(0)).is_none(), "forgotten");
+        assert!(files.size(&key(2)).is_none(), "cut short: not found");
+        let read = files.entries_waiting(&key(1), 0..1000).unwrap();
+        assert_eq!(read.bytes.len() as u64 + FIXED + RECORD * BLOCK, one.size);
+        files.write(&key(2), &block(2 * BLOCK + 1, BLOCK)).unwrap();
+        assert_eq!(lock(&files.index).blocks[&key(2)].offset, two.offset);
+        assert!(files.read_waiting(&key(2)).is_some());
+        assert!(files.read_waiting(&key(1)).is_some());
+        // The forgotten block 0 is marked so in its file: the next process skips it and
+        // finds the blocks after it.
+        drop(files);
+        let files = PageFiles::open(&pages, FILES_BYTES).unwrap();
+        assert!(files.size(&key(0)).is_none(), "marked forgotten");
+        assert!(files.entries_waiting(&key(1), 0..1000).is_some());
+        assert!(files.entries_waiting(&key(2), 0..1000).is_some());
+    }
+
+    /// Of the blocks found when the folder is opened, only those of the logs named, with
+    /// all of their seqs at or before the log's newest, are kept; the folders of the others
+    /// are removed.
+    #[test]
+    fn only_the_blocks_of_the_logs_as_they_are_now_are_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let pages = dir.path().join("pages");
+        {
+            let files = PageFiles::open_in(&pages, FILES_BYTES, 2).unwrap();
+            for (channel, epoch) in [("c", "e"), ("c", "old"), ("gone", "e")] {
+                for b in 0..4 {
+                    let key = Key::new(channel, epoch, b);
+                    files.write(&key, &block(b * BLOCK + 1, BLOCK)).unwrap();
+                }
+            }
+        }
+        let files = PageFiles::open_in(&pages, FILES_BYTES, 2).unwrap();
+        assert!(files.size(&Key::new("gone", "e", 3)).is_some());
+        let third = files.path(&key(2)).unwrap();
+        files.retain(|channel, epoch| (channel == "c" && epoch == "e").then_some(2 * BLOCK + 999));
+        assert!(files.size(&key(0)).is_some());
+        assert!(files.size(&key(1)).is_some());
+        assert!(files.size(&key(2)).is_none(), "seqs beyond the newest");
+        assert!(files.size(&key(3)).is_none());
+        assert!(!third.exists(), "a segment left with no blocks is removed");
+        assert!(files.size(&Key::new("c", "old", 0)).is_none());
+        assert!(files.size(&Key::new("gone", "e", 0)).is_none());
+        assert_eq!(walkdir(&pages), ["c", "c/e", "c/e/0-1", "gone"]);
+        assert!(files.read_waiting(&key(1)).is_some());
     }
 
     /// Waits (bounded) until `files` has the file of `key`.

@@ -257,9 +257,9 @@ async fn pages_from_block_files_are_the_pages_rendered_whole() {
 
 /// The numbers of the blocks of the test channel written in its segment files (whatever its
 /// epoch), read from the files as `catchup/pages.rs` lays them out: blocks one after the
-/// other from the start of a file, each its header ("CHPAGES1", first seq, count, then
-/// count × (end, datetime)) and its entries' bytes. A block reserved but not yet written (zeros)
-/// ends the scan of its file.
+/// other from the start of a file, each its header ("CHPAGES2", first seq, count, checksum,
+/// then count × (end, datetime)) and its entries' bytes; a block forgotten ("CHPAGES-") is
+/// skipped. A block reserved but not yet written (zeros) ends the scan of its file.
 fn written_blocks(hub: &TestHub) -> Vec<u64> {
     let channel = hub.data_dir.join("pages").join(CHANNEL);
     let Ok(epochs) = std::fs::read_dir(&channel) else {
@@ -273,9 +273,11 @@ fn written_blocks(hub: &TestHub) -> Vec<u64> {
             };
             let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
             let mut at = 0;
-            while at + 24 <= bytes.len() && &bytes[at..at + 8] == b"CHPAGES1" {
+            while at + 32 <= bytes.len() && matches!(&bytes[at..at + 8], b"CHPAGES2" | b"CHPAGES-")
+            {
+                let live = &bytes[at..at + 8] == b"CHPAGES2";
                 let (first, count) = (u64_at(at + 8), u64_at(at + 16) as usize);
-                let records = at + 24 + 24 * count;
+                let records = at + 32 + 24 * count;
                 if count == 0 || records > bytes.len() {
                     break;
                 }
@@ -283,7 +285,9 @@ fn written_blocks(hub: &TestHub) -> Vec<u64> {
                 if records + end > bytes.len() {
                     break;
                 }
-                blocks.push((first - 1) / 1000);
+                if live {
+                    blocks.push((first - 1) / 1000);
+                }
                 at = records + end;
             }
         }
@@ -409,10 +413,9 @@ async fn a_trimmed_range_is_gone_even_with_its_block_file() {
     assert_eq!(hub.catch_up(1000).await, (1001..=2000).collect::<Vec<_>>());
 }
 
-/// The topic and the closed lists are made of the same rendered blocks as the pages: after a
-/// restart (which empties the block files) a closed list that is read renders its blocks once
-/// and keeps them, in memory and in their files, and every document is byte for byte what
-/// the hub served before the restart.
+/// The topic and the closed lists are made of the same rendered blocks as the pages, which
+/// their files keep across a restart: after it the blocks are there before anything is
+/// read, and every document is byte for byte what the hub served before the restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn closed_lists_and_the_topic_are_made_of_the_page_blocks() {
     let dir = tempfile::tempdir().unwrap();
@@ -443,13 +446,15 @@ async fn closed_lists_and_the_topic_are_made_of_the_page_blocks() {
     for path in &documents {
         before.push(read(&hub, path).await);
     }
+    wait_block_file(&hub, 0).await;
+    wait_block_file(&hub, 1).await;
     hub.stop().await;
     let old_url = hub.url.clone();
 
     let hub = TestHub::start_in(dir.path().to_path_buf(), tweak).await;
     let ready = hub.client.get(format!("{}/readyz", hub.url)).send().await;
     assert_eq!(ready.unwrap().status(), 200);
-    assert_eq!(written_blocks(&hub), Vec::<u64>::new(), "emptied at start");
+    assert_eq!(written_blocks(&hub), [0, 1], "kept across the restart");
     for (path, before) in documents.iter().zip(&before) {
         // The hub's links name its address, which the restart changed.
         let before = &before.replace(&old_url, &hub.url);
@@ -458,10 +463,7 @@ async fn closed_lists_and_the_topic_are_made_of_the_page_blocks() {
         assert_eq!(differs, None, "{path}: the first line that differs");
         assert_eq!(&after, before, "{path}");
     }
-    // The first closed list's block was rendered for it and kept; the second's for it too (the
-    // topic, 2001-2500, is no complete block).
-    wait_block_file(&hub, 0).await;
-    wait_block_file(&hub, 1).await;
+    // Nothing more was written (the topic, 2001-2500, is no complete block).
     assert_eq!(written_blocks(&hub), [0, 1]);
     let entries = |doc: &str| doc.matches("<url>").count();
     assert_eq!(entries(&before[0]), 1000);
@@ -531,4 +533,65 @@ async fn closed_lists_of_any_range_are_their_blocks_in_order() {
             "{first}-{last}: the entries differ from the page's"
         );
     }
+}
+
+/// A block file the store no longer matches is not served after a restart: the data
+/// directory's store is put back to a copy taken after the first 1,000 changes (the same log,
+/// its epoch unchanged), while the block files still hold seqs 1001-2000 as they were. The
+/// block of those seqs is dropped at start-up, and the changes published again under them are
+/// what the page shows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_of_seqs_the_store_no_longer_has_is_dropped_at_start_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("changehub.redb");
+    let copy = dir.path().join("copy.redb");
+    let mut hub = TestHub::start_in(dir.path().to_path_buf(), |_| {}).await;
+    let (_, head) = hub.push("a", 1000).await;
+    hub.wait_published(head).await;
+    wait_block_file(&hub, 0).await;
+    hub.stop().await;
+    std::fs::copy(&store, &copy).unwrap();
+
+    let mut hub = TestHub::start_in(dir.path().to_path_buf(), |_| {}).await;
+    let (_, head) = hub.push("b", 1000).await;
+    hub.wait_published(head).await;
+    wait_block_file(&hub, 1).await;
+    hub.stop().await;
+    std::fs::rename(&copy, &store).unwrap();
+
+    let hub = TestHub::start_in(dir.path().to_path_buf(), |_| {}).await;
+    // Served once the hub has started, block files checked.
+    let ready = hub.client.get(format!("{}/readyz", hub.url)).send().await;
+    assert_eq!(ready.unwrap().status(), 200);
+    assert_eq!(written_blocks(&hub), [0], "block 1 dropped, block 0 kept");
+    let (first, head) = hub.push("c", 1000).await;
+    assert_eq!((first, head), (1001, 2000));
+    hub.wait_published(head).await;
+    let url = format!("{}/channels/{CHANNEL}/changes?after=1000", hub.url);
+    let page = hub
+        .client
+        .get(&url)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        page.matches("http://example.com/c/").count(),
+        1000,
+        "{page}"
+    );
+    assert!(!page.contains("http://example.com/b/"));
+    let url = format!("{}/channels/{CHANNEL}/changes?after=0", hub.url);
+    let page = hub
+        .client
+        .get(&url)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(page.matches("http://example.com/a/").count(), 1000);
 }
