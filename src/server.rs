@@ -234,6 +234,16 @@ fn store_summary(store: &StoreConfig) -> String {
 /// is 0 or their folder cannot be made (then memory only, with a warning).
 async fn open_pages(config: &PagesConfig) -> PageCache {
     if config.files == 0 {
+        // Files left by an earlier run are not kept for a later one: this run does not check
+        // them against the store (see `PageFiles::retain`).
+        if let Some(dir) = config.dir.clone() {
+            let removed = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await;
+            if let Ok(Err(e)) = removed {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!(dir = ?config.dir, error = %e, "cannot remove the folder of page entry files");
+                }
+            }
+        }
         return PageCache::with_bound(config.memory);
     }
     let (dir, bound) = (config.dir.clone(), config.files);

@@ -666,8 +666,8 @@ impl PageFiles {
     /// process left there: each segment file is walked block by block (two small reads per
     /// block: its fixed header and its last record), as far as its blocks are whole and of
     /// that segment; the rest of the file is left to be written over. Anything else in the
-    /// folder is removed, and so are the segments used least long ago (by generation) beyond
-    /// the bound. A block found this way is checked against its checksum on its first read
+    /// folder is removed, and so are segments beyond the bound, the oldest generations
+    /// first. A block found this way is checked against its checksum on its first read
     /// (see `verify`), and the caller says which channels and epochs still hold its seqs
     /// ([`PageFiles::retain`]). Blocking.
     pub fn open(dir: &Path, bound: u64) -> io::Result<PageFiles> {
@@ -818,6 +818,7 @@ impl PageFiles {
         let mut index = lock(&self.index);
         let mut folders = Vec::new();
         let keys: Vec<Key> = index.blocks.keys().cloned().collect();
+        let found = keys.len();
         for key in keys {
             let kept = last(&key.channel, &key.epoch);
             if kept.is_some_and(|last| (key.block + 1) * BLOCK <= last) {
@@ -841,7 +842,15 @@ impl PageFiles {
                 self.mark_dead(&key, place);
             }
         }
+        let kept = index.blocks.len();
         drop(index);
+        if found > 0 {
+            tracing::info!(
+                found,
+                kept,
+                "block files of Change List entries found from before the start"
+            );
+        }
         folders.sort();
         folders.dedup();
         for folder in folders {

@@ -595,3 +595,23 @@ async fn a_block_of_seqs_the_store_no_longer_has_is_dropped_at_start_up() {
         .unwrap();
     assert_eq!(page.matches("http://example.com/a/").count(), 1000);
 }
+
+/// A run without block files (`--page-files-size 0`) removes those an earlier run left: it
+/// does not check them against the store, so a later run could not trust them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_without_block_files_removes_those_left_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut hub = TestHub::start_in(dir.path().to_path_buf(), |_| {}).await;
+    let (_, head) = hub.push("a", 1000).await;
+    hub.wait_published(head).await;
+    wait_block_file(&hub, 0).await;
+    hub.stop().await;
+    let mut hub = TestHub::start_in(dir.path().to_path_buf(), |c| c.pages.files = 0).await;
+    let ready = hub.client.get(format!("{}/readyz", hub.url)).send().await;
+    assert_eq!(ready.unwrap().status(), 200);
+    assert!(!dir.path().join("pages").exists());
+    let url = format!("{}/channels/{CHANNEL}/changes?after=0", hub.url);
+    let page = hub.client.get(&url).send().await.unwrap().text().await.unwrap();
+    assert_eq!(page.matches("http://example.com/a/").count(), 1000);
+    hub.stop().await;
+}
