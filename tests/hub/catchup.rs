@@ -611,7 +611,15 @@ async fn a_run_without_block_files_removes_those_left_before() {
     assert_eq!(ready.unwrap().status(), 200);
     assert!(!dir.path().join("pages").exists());
     let url = format!("{}/channels/{CHANNEL}/changes?after=0", hub.url);
-    let page = hub.client.get(&url).send().await.unwrap().text().await.unwrap();
+    let page = hub
+        .client
+        .get(&url)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert_eq!(page.matches("http://example.com/a/").count(), 1000);
     hub.stop().await;
 }
