@@ -100,7 +100,8 @@ pub struct ServeArgs {
     pub cache_size: Option<usize>,
     /// Disk the files of rendered Change List entries (of which `changes?after=` pages, the
     /// topic and closed lists are made) may take, in MiB (default 2048; 0: no files, entries
-    /// are rendered from the store when memory does not hold them).
+    /// are rendered from the store when memory does not hold them, and the folder an earlier
+    /// run left is removed).
     /// The files are a cache: in `pages` in the data directory, kept across restarts (a
     /// restarted hub serves pages from them at once), or with --redis in a temporary folder
     /// removed when the hub stops. About 300 bytes per retained change: size it to the
