@@ -567,32 +567,18 @@ async fn a_block_of_seqs_the_store_no_longer_has_is_dropped_at_start_up() {
     let (first, head) = hub.push("c", 1000).await;
     assert_eq!((first, head), (1001, 2000));
     hub.wait_published(head).await;
-    let url = format!("{}/channels/{CHANNEL}/changes?after=1000", hub.url);
     let page = hub
-        .client
-        .get(&url)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+        .text(&format!("/channels/{CHANNEL}/changes?after=1000"))
+        .await;
     assert_eq!(
         page.matches("http://example.com/c/").count(),
         1000,
         "{page}"
     );
     assert!(!page.contains("http://example.com/b/"));
-    let url = format!("{}/channels/{CHANNEL}/changes?after=0", hub.url);
     let page = hub
-        .client
-        .get(&url)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+        .text(&format!("/channels/{CHANNEL}/changes?after=0"))
+        .await;
     assert_eq!(page.matches("http://example.com/a/").count(), 1000);
 }
 
@@ -610,16 +596,9 @@ async fn a_run_without_block_files_removes_those_left_before() {
     let ready = hub.client.get(format!("{}/readyz", hub.url)).send().await;
     assert_eq!(ready.unwrap().status(), 200);
     assert!(!dir.path().join("pages").exists());
-    let url = format!("{}/channels/{CHANNEL}/changes?after=0", hub.url);
     let page = hub
-        .client
-        .get(&url)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+        .text(&format!("/channels/{CHANNEL}/changes?after=0"))
+        .await;
     assert_eq!(page.matches("http://example.com/a/").count(), 1000);
     hub.stop().await;
 }
